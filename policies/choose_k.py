@@ -1,0 +1,178 @@
+"""Best K ∈ {0..K_max} for one batch size: maximise goodput B·E(K) / T(B, K) under the memory budget.
+
+Purely computational, no side effects. K = 0 (speculation off) is a valid answer, and a K that breaks
+the memory budget is never chosen. The predicted gain is goodput(K) / goodput(0) with an interval that
+combines the acceptance model's interval for E(K) and the step-cost fit's covariance (delta method on
+the log scale, treating the two as independent).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from statistics import NormalDist
+
+import numpy as np
+
+from policies.acceptance_model import AcceptanceModel
+from policies.memory import DraftFootprint, MemoryBudget, check_memory
+from policies.speedup import check_k
+from policies.step_cost import StepCostModel, design_matrix
+
+
+@dataclass(frozen=True)
+class KChoiceSnapshot:
+    """Everything :func:`choose_k` may read. ``draft`` and ``memory`` go together (both or neither)."""
+
+    now: datetime
+    acceptance: AcceptanceModel
+    step_cost: StepCostModel
+    batch_size: int
+    k_max: int
+    draft: DraftFootprint | None = None
+    memory: MemoryBudget | None = None
+    current_k: int | None = None
+    confidence: float = 0.95
+
+    def __post_init__(self) -> None:
+        check_k(self.k_max, "K_max")
+        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise ValueError(f"batch size must be an integer ≥ 1 but got {self.batch_size!r}")
+        if (self.draft is None) != (self.memory is None):
+            raise ValueError("a memory budget needs the draft's footprint and vice versa")
+        if self.current_k is not None:
+            check_k(self.current_k, "current K")
+
+
+class KReason(StrEnum):
+    SPECULATE = "speculate"  # some K > 0 has the highest goodput
+    SPECULATION_DOES_NOT_PAY = "speculation_does_not_pay"  # K = 0 has the highest goodput
+    MEMORY_LIMITED = "memory_limited"  # the unconstrained best K breaks the budget; a smaller K chosen
+    NO_K_FITS_MEMORY = "no_k_fits_memory"  # every K > 0 breaks the budget
+    K_MAX_ZERO = "k_max_zero"
+
+
+@dataclass(frozen=True)
+class KOption:
+    """One K evaluated at the snapshot's batch size."""
+
+    k: int
+    expected_tokens_per_step: float
+    expected_tokens_ci: tuple[float, float]
+    step_time_s: float
+    goodput_tokens_per_s: float
+    speedup: float
+    speedup_ci: tuple[float, float]
+    fits_memory: bool
+    memory_message: str = ""
+
+
+@dataclass(frozen=True)
+class KDecision:
+    """The chosen K with its reason, a sentence, and the predicted gain over K = 0 and over current K."""
+
+    k: int
+    reason: KReason
+    message: str
+    batch_size: int
+    speedup: float
+    speedup_ci: tuple[float, float]
+    expected_tokens_per_step: float
+    gain_vs_current: float | None
+    gain_vs_current_ci: tuple[float, float] | None
+    by_k: tuple[KOption, ...] = field(repr=False)
+
+
+def evaluate_k(snapshot: KChoiceSnapshot, k: int) -> KOption:
+    """Goodput and speedup of one K at the snapshot's batch size (memory check included)."""
+    b = snapshot.batch_size
+    model = snapshot.step_cost
+    e = snapshot.acceptance.expected_tokens(k)
+    e_lo, e_hi = snapshot.acceptance.expected_tokens_interval(k)
+    t_k, t_0 = model.step_time_s(b, k), model.step_time_s(b, 0)
+    speedup = e * t_0 / t_k
+    z = NormalDist().inv_cdf(0.5 + snapshot.confidence / 2.0)
+    # log-scale sd of E from its interval, and of T(B,0)/T(B,K) from the fit's covariance
+    sd_e = (math.log(max(e_hi, 1e-12)) - math.log(max(e_lo, 1e-12))) / (2.0 * z)
+    sd_t = 0.0
+    if model.covariance is not None and k > 0:
+        x = design_matrix(np.array([b, b], float), np.array([k, 0], float))
+        g = x[0] / t_k - x[1] / t_0
+        sd_t = math.sqrt(max(float(g @ np.array(model.covariance) @ g), 0.0))
+    sd = math.hypot(sd_e, sd_t)
+    if sd_t == 0.0:
+        ci = (e_lo * t_0 / t_k, e_hi * t_0 / t_k)  # exact mapping when only E is uncertain
+    else:
+        ci = (speedup * math.exp(-z * sd), speedup * math.exp(z * sd))
+    fits, note = True, ""
+    if snapshot.draft is not None and snapshot.memory is not None:
+        check = check_memory(snapshot.draft, k, b, snapshot.memory)
+        fits, note = check.fits, check.message
+    return KOption(k, e, (e_lo, e_hi), t_k, b * e / t_k, speedup, ci, fits, note)
+
+
+def choose_k(snapshot: KChoiceSnapshot) -> KDecision:
+    """The K in 0..K_max with the highest predicted goodput that fits memory. Purely computational.
+
+    Ties go to the smaller K (less memory, less wasted draft work).
+    """
+    options = tuple(evaluate_k(snapshot, k) for k in range(snapshot.k_max + 1))
+    unconstrained = max(options, key=lambda o: (o.goodput_tokens_per_s, -o.k))
+    feasible = [o for o in options if o.fits_memory]  # K = 0 always fits
+    best = max(feasible, key=lambda o: (o.goodput_tokens_per_s, -o.k))
+    b = snapshot.batch_size
+    if snapshot.k_max == 0:
+        reason, message = KReason.K_MAX_ZERO, f"K_max is 0 at batch {b}: speculation is off."
+    elif best.k != unconstrained.k and best.k == 0:
+        reason = KReason.NO_K_FITS_MEMORY
+        message = (
+            f"At batch {b}, K = {unconstrained.k} would give {unconstrained.speedup:.2f}× but no K > 0 fits "
+            f"memory ({unconstrained.memory_message}); speculation off."
+        )
+    elif best.k != unconstrained.k:
+        reason = KReason.MEMORY_LIMITED
+        message = (
+            f"At batch {b}, K = {best.k} ({best.speedup:.2f}×, {_ci(best.speedup_ci)}) is the best K "
+            f"that fits memory; K = {unconstrained.k} ({unconstrained.speedup:.2f}×) does not: "
+            f"{unconstrained.memory_message}"
+        )
+    elif best.k == 0:
+        runner_up = max(options[1:], key=lambda o: o.goodput_tokens_per_s)
+        reason = KReason.SPECULATION_DOES_NOT_PAY
+        message = (
+            f"At batch {b} speculation does not pay: the best K > 0 (K = {runner_up.k}) would run at "
+            f"{runner_up.speedup:.2f}× of no speculation; K = 0."
+        )
+    else:
+        reason = KReason.SPECULATE
+        message = (
+            f"At batch {b}, K = {best.k} maximises goodput: {best.expected_tokens_per_step:.2f} tokens per "
+            f"step, {best.speedup:.2f}× no speculation ({_ci(best.speedup_ci)})."
+        )
+    gain: float | None = None
+    gain_ci: tuple[float, float] | None = None
+    if snapshot.current_k is not None and snapshot.current_k <= snapshot.k_max:
+        cur = options[snapshot.current_k]
+        gain = best.speedup / cur.speedup
+        # conservative: opposite ends (the two share α, so this over-covers)
+        gain_ci = (best.speedup_ci[0] / cur.speedup_ci[1], best.speedup_ci[1] / cur.speedup_ci[0])
+    return KDecision(
+        k=best.k,
+        reason=reason,
+        message=message,
+        batch_size=b,
+        speedup=best.speedup,
+        speedup_ci=best.speedup_ci,
+        expected_tokens_per_step=best.expected_tokens_per_step,
+        gain_vs_current=gain,
+        gain_vs_current_ci=gain_ci,
+        by_k=options,
+    )
+
+
+def _ci(ci: tuple[float, float]) -> str:
+    if math.isclose(ci[0], ci[1], rel_tol=1e-9):
+        return "α taken as exact"
+    return f"interval {ci[0]:.2f}–{ci[1]:.2f}×"

@@ -1,0 +1,471 @@
+"""Which draft to speculate with, and when to give up on the current one.
+
+Purely computational: ``choose_draft(snapshot) -> DraftDecision``.
+
+Trigger (DESIGN.md): acceptance that **stays** below a threshold (0.4). By default the statistic is α̂
+(a property of the draft, independent of K); optionally vLLM's raw draft acceptance rate A/T. "Stays"
+means, over the trailing ``duration_s``: the windows cover the period, hold at least ``min_drafts``
+drafts, the upper end of the pooled interval is below the threshold, and no sub-period (``segments``
+equal slices) has a point estimate at or above it — one noisy window cannot trigger, one good slice
+cancels.
+
+Ranking: each candidate's α is a Beta posterior of its prior α (worth ``prior_strength_trials``
+pseudo-tokens) and its measured history on this target, so measurements dominate once there are
+some. Its speedup is predicted with :func:`policies.choose_k.choose_k` at the current batch size with
+its own cost ratio and memory footprint; candidates that fit no K are out. The current draft competes
+with its measured α. Fallback: ngram/suffix candidates rank like the others; when nothing beats plain
+decoding, speculation is switched off.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Any
+
+from scipy import stats
+
+from policies.acceptance import AcceptanceEvidence, AlphaReason, evidence_from_counters
+from policies.acceptance_model import ConstantAlphaModel
+from policies.choose_k import KChoiceSnapshot, KDecision, choose_k
+from policies.counters import SpecCounters
+from policies.memory import FREE_METHODS, DraftFootprint, MemoryBudget, weight_bytes
+from policies.speedup import check_alpha
+from policies.step_cost import StepCostModel
+
+
+@dataclass(frozen=True)
+class DraftCandidate:
+    """One entry of the candidate registry.
+
+    ``cost_ratio``: draft forward pass / target forward pass; None estimates it as params / target
+    params (compute-bound), 0 for ngram/suffix. ``speculative_config`` holds extra vLLM keys
+    (e.g. ``prompt_lookup_max`` for ngram).
+    """
+
+    name: str
+    method: str
+    path: str | None = None
+    params: int = 0
+    kv_bytes_per_token: int = 0
+    prior_alpha: float = 0.5
+    dtype: str = "bfloat16"
+    cost_ratio: float | None = None
+    speculative_config: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("a draft candidate needs a name")
+        check_alpha(self.prior_alpha)
+        if self.method not in FREE_METHODS and not self.path:
+            raise ValueError(f"draft candidate {self.name!r} ({self.method}) needs a model path")
+        if self.params < 0 or self.kv_bytes_per_token < 0:
+            raise ValueError(f"draft candidate {self.name!r}: params and KV bytes cannot be negative")
+        if self.cost_ratio is not None and not (math.isfinite(self.cost_ratio) and self.cost_ratio >= 0):
+            raise ValueError(f"draft candidate {self.name!r}: cost ratio must be ≥ 0 but got {self.cost_ratio!r}")
+
+    @property
+    def free(self) -> bool:
+        return self.method in FREE_METHODS
+
+    def footprint(self) -> DraftFootprint:
+        if self.free:
+            return DraftFootprint(self.method)
+        return DraftFootprint(self.method, weight_bytes(self.params, self.dtype), self.kv_bytes_per_token)
+
+    def cost_ratio_for(self, target_params: int | None) -> float | None:
+        if self.cost_ratio is not None:
+            return self.cost_ratio
+        if self.free:
+            return 0.0
+        if target_params and self.params:
+            return self.params / target_params
+        return None
+
+
+class TriggerStatistic(StrEnum):
+    ALPHA = "alpha"
+    DRAFT_ACCEPTANCE_RATE = "draft_acceptance_rate"
+
+
+@dataclass(frozen=True)
+class DraftTriggerConfig:
+    threshold: float = 0.4
+    """Acceptance below which the draft is not worth its cost (DESIGN.md)."""
+    duration_s: float = 600.0
+    """How long acceptance must stay low: ten minutes outlasts a burst of unusual prompts."""
+    min_drafts: int = 2000
+    """Minimum evidence over the duration (α to about ±0.02)."""
+    statistic: TriggerStatistic = TriggerStatistic.ALPHA
+    segments: int = 3
+    """Sub-periods that must each be below the threshold (no recovery inside the duration)."""
+    coverage: float = 0.9
+    """Share of the duration the windows must cover (tolerates a short collector gap)."""
+    prior_strength_trials: float = 200.0
+    """Pseudo-tokens a candidate's prior α is worth against its measured history."""
+    confidence: float = 0.95
+
+    def __post_init__(self) -> None:
+        if not 0 < self.threshold < 1:
+            raise ValueError(f"trigger threshold must lie in (0, 1) but got {self.threshold!r}")
+        if self.duration_s <= 0 or self.min_drafts < 0 or self.segments < 1:
+            raise ValueError("trigger duration must be > 0 s, min drafts ≥ 0 and segments ≥ 1")
+        if not 0 < self.coverage <= 1 or not 0 < self.confidence < 1 or self.prior_strength_trials < 0:
+            raise ValueError("coverage in (0, 1], confidence in (0, 1), prior strength ≥ 0 required")
+
+
+@dataclass(frozen=True)
+class SpecWindow:
+    start: datetime
+    end: datetime
+    counters: SpecCounters
+
+
+@dataclass(frozen=True)
+class DraftChoiceSnapshot:
+    """Everything :func:`choose_draft` reads. ``windows`` are the current draft's, at its config."""
+
+    now: datetime
+    current: str | None
+    current_k: int
+    windows: Sequence[SpecWindow]
+    candidates: Sequence[DraftCandidate]
+    history: Mapping[str, AcceptanceEvidence]
+    batch_size: int
+    k_max: int
+    step_cost: StepCostModel
+    """The target's step cost (its fixed_s and per_token_s are used; the draft part is per candidate)."""
+    target_params: int | None = None
+    memory: MemoryBudget | None = None
+    config: DraftTriggerConfig = field(default_factory=DraftTriggerConfig)
+
+
+class TriggerReason(StrEnum):
+    TRIGGERED = "acceptance_stays_low"
+    NOT_COVERED = "duration_not_covered"
+    TOO_FEW_DRAFTS = "too_few_drafts"
+    ABOVE_THRESHOLD = "not_clearly_below_threshold"
+    RECOVERED = "recovered_within_duration"
+    UNUSABLE = "unusable_counters"
+
+
+@dataclass(frozen=True)
+class TriggerCheck:
+    triggered: bool
+    reason: TriggerReason
+    message: str
+    value: float | None
+    upper: float | None
+    drafts: int
+    covered_s: float
+
+
+def check_trigger(windows: Sequence[SpecWindow], now: datetime, config: DraftTriggerConfig) -> TriggerCheck:
+    """Has acceptance *stayed* below the threshold for the configured duration? Purely computational."""
+    since = now - timedelta(seconds=config.duration_s)
+    recent = [w for w in windows if w.end > since and w.start < now]
+    covered = sum((min(w.end, now) - max(w.start, since)).total_seconds() for w in recent)
+    drafts = sum(w.counters.drafts for w in recent)
+    need = config.coverage * config.duration_s
+    if covered < need:
+        return TriggerCheck(
+            False,
+            TriggerReason.NOT_COVERED,
+            f"Only {covered:.0f} s of the last {config.duration_s:.0f} s have data.",
+            None,
+            None,
+            drafts,
+            covered,
+        )
+    value, upper, problem = _statistic(recent, config)
+    if problem:
+        return TriggerCheck(False, TriggerReason.UNUSABLE, problem, None, None, drafts, covered)
+    if drafts < config.min_drafts:
+        return TriggerCheck(
+            False,
+            TriggerReason.TOO_FEW_DRAFTS,
+            f"{drafts} drafts in the last {config.duration_s:.0f} s; {config.min_drafts} needed.",
+            value,
+            upper,
+            drafts,
+            covered,
+        )
+    name = config.statistic.value.replace("_", " ")
+    if value is None or upper is None or upper >= config.threshold:
+        return TriggerCheck(
+            False,
+            TriggerReason.ABOVE_THRESHOLD,
+            f"{name} {_fmt(value)} (upper {_fmt(upper)}) is not clearly below {config.threshold}.",
+            value,
+            upper,
+            drafts,
+            covered,
+        )
+    span = config.duration_s / config.segments
+    for i in range(config.segments):
+        lo, hi = since + timedelta(seconds=i * span), since + timedelta(seconds=(i + 1) * span)
+        part = [w for w in recent if w.end > lo and w.end <= hi] or [w for w in recent if w.start < hi and w.end > lo]
+        part_value, _, _ = _statistic(part, config)
+        if part_value is None or part_value >= config.threshold:
+            return TriggerCheck(
+                False,
+                TriggerReason.RECOVERED,
+                f"{name} was {_fmt(part_value)} in slice {i + 1} of {config.segments}: not staying low.",
+                value,
+                upper,
+                drafts,
+                covered,
+            )
+    return TriggerCheck(
+        True,
+        TriggerReason.TRIGGERED,
+        f"{name} stayed below {config.threshold} for {config.duration_s:.0f} s: {value:.3f} "
+        f"(upper {upper:.3f}) over {drafts} drafts.",
+        value,
+        upper,
+        drafts,
+        covered,
+    )
+
+
+def _fmt(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3f}"
+
+
+def _statistic(windows: Sequence[SpecWindow], config: DraftTriggerConfig) -> tuple[float | None, float | None, str]:
+    """(point, upper end of the interval, problem) of the configured statistic over the windows."""
+    tail = 1 - (1 - config.confidence) / 2
+    if config.statistic is TriggerStatistic.DRAFT_ACCEPTANCE_RATE:
+        a = sum(w.counters.accepted_tokens for w in windows)
+        t = sum(w.counters.draft_tokens for w in windows)
+        if t == 0:
+            return None, None, ""
+        upper = 1.0 if a == t else float(stats.beta.ppf(tail, a + 0.5, t - a + 0.5))
+        return a / t, upper, ""
+    total = AcceptanceEvidence()
+    for w in windows:
+        result = evidence_from_counters(w.counters)
+        if result.reason is AlphaReason.NO_DRAFTS:
+            continue
+        if result.evidence is None:
+            return None, None, f"window ending {w.end.isoformat()}: {result.message}"
+        total = total + result.evidence
+    if total.trials == 0:
+        return None, None, ""
+    s, f = total.successes, total.failures
+    upper = 1.0 if f == 0 else float(stats.beta.ppf(tail, s + 0.5, f + 0.5))
+    return s / total.trials, upper, ""
+
+
+@dataclass(frozen=True)
+class CandidateScore:
+    name: str
+    source: str  # "measured", "prior", "measured+prior"
+    alpha: float
+    alpha_ci: tuple[float, float]
+    fits_memory: bool
+    k: int
+    speedup: float
+    speedup_ci: tuple[float, float]
+    message: str
+
+
+class DraftReason(StrEnum):
+    KEEP_NOT_TRIGGERED = "keep_not_triggered"
+    KEEP_NO_BETTER_CANDIDATE = "keep_no_better_candidate"
+    SWITCH_DRAFT = "switch_draft"
+    FALLBACK_NGRAM = "fallback_ngram"
+    DISABLE_SPECULATION = "disable_speculation"
+
+
+@dataclass(frozen=True)
+class DraftDecision:
+    """What to speculate with next, why, and the predicted speedup over plain decoding."""
+
+    reason: DraftReason
+    message: str
+    candidate: DraftCandidate | None  # None: no speculation (or keep the current one)
+    k: int
+    predicted_speedup: float
+    predicted_speedup_ci: tuple[float, float]
+    trigger: TriggerCheck
+    ranking: tuple[CandidateScore, ...] = ()
+    current: CandidateScore | None = None
+
+
+def _posterior(
+    prior_alpha: float, strength: float, measured: AcceptanceEvidence | None, confidence: float
+) -> tuple[float, tuple[float, float], str]:
+    s = measured.successes if measured else 0.0
+    f = measured.failures if measured else 0.0
+    a = strength * prior_alpha + s + 0.5
+    b = strength * (1 - prior_alpha) + f + 0.5
+    tail = (1 - confidence) / 2
+    source = "prior" if s + f == 0 else ("measured" if strength == 0 else "measured+prior")
+    return a / (a + b), (float(stats.beta.ppf(tail, a, b)), float(stats.beta.ppf(1 - tail, a, b))), source
+
+
+def _score(
+    snapshot: DraftChoiceSnapshot,
+    name: str,
+    footprint: DraftFootprint,
+    cost_ratio: float | None,
+    alpha: float,
+    alpha_ci: tuple[float, float],
+    source: str,
+) -> CandidateScore:
+    if cost_ratio is None:
+        return CandidateScore(
+            name,
+            source,
+            alpha,
+            alpha_ci,
+            False,
+            0,
+            0.0,
+            (0.0, 0.0),
+            f"{name}: cost ratio unknown (give cost_ratio or params and the target's params).",
+        )
+    target = snapshot.step_cost
+    model = StepCostModel(
+        fixed_s=target.fixed_s,
+        per_token_s=target.per_token_s,
+        draft_fixed_s=cost_ratio * target.fixed_s,
+        draft_per_seq_s=cost_ratio * target.per_token_s,
+    )
+    decision: KDecision = choose_k(
+        KChoiceSnapshot(
+            now=snapshot.now,
+            acceptance=ConstantAlphaModel(alpha, min(alpha_ci[0], alpha), max(alpha_ci[1], alpha)),
+            step_cost=model,
+            batch_size=snapshot.batch_size,
+            k_max=snapshot.k_max,
+            draft=footprint if snapshot.memory is not None else None,
+            memory=snapshot.memory,
+            confidence=snapshot.config.confidence,
+        )
+    )
+    fits = any(o.fits_memory for o in decision.by_k if o.k > 0)
+    return CandidateScore(
+        name,
+        source,
+        alpha,
+        alpha_ci,
+        fits,
+        decision.k,
+        decision.speedup,
+        decision.speedup_ci,
+        f"{name}: α ≈ {alpha:.2f} ({source}); {decision.message}",
+    )
+
+
+def choose_draft(snapshot: DraftChoiceSnapshot) -> DraftDecision:
+    """Keep, switch, fall back to ngram, or switch speculation off. Purely computational."""
+    cfg = snapshot.config
+    trigger = check_trigger(snapshot.windows, snapshot.now, cfg)
+    by_name = {c.name: c for c in snapshot.candidates}
+    current_score: CandidateScore | None = None
+    current = by_name.get(snapshot.current) if snapshot.current else None
+    pooled = AcceptanceEvidence()
+    for w in snapshot.windows:
+        result = evidence_from_counters(w.counters)
+        if result.evidence is not None:
+            pooled = pooled + result.evidence
+    if current is not None and pooled.trials > 0:
+        _, ci, _ = _posterior(0.5, 0.0, pooled, cfg.confidence)
+        current_score = _score(
+            snapshot,
+            current.name,
+            current.footprint(),
+            current.cost_ratio_for(snapshot.target_params),
+            pooled.successes / pooled.trials,
+            ci,
+            "measured",
+        )
+    if not trigger.triggered:
+        keep_speedup = current_score.speedup if current_score else 1.0
+        keep_ci = current_score.speedup_ci if current_score else (1.0, 1.0)
+        return DraftDecision(
+            DraftReason.KEEP_NOT_TRIGGERED,
+            f"Keep the current draft: {trigger.message}",
+            None,
+            snapshot.current_k,
+            keep_speedup,
+            keep_ci,
+            trigger,
+            (),
+            current_score,
+        )
+    ranking: list[CandidateScore] = []
+    for cand in snapshot.candidates:
+        if cand.name == snapshot.current:
+            continue
+        alpha, ci, source = _posterior(
+            cand.prior_alpha, cfg.prior_strength_trials, snapshot.history.get(cand.name), cfg.confidence
+        )
+        ranking.append(
+            _score(
+                snapshot,
+                cand.name,
+                cand.footprint(),
+                cand.cost_ratio_for(snapshot.target_params),
+                alpha,
+                ci,
+                source,
+            )
+        )
+    usable = [s for s in ranking if s.fits_memory and s.k > 0]
+    # Measured history first among equals: sort by speedup, then by how much of α was measured.
+    usable.sort(key=lambda s: (s.speedup, s.source != "prior"), reverse=True)
+    ranking.sort(key=lambda s: (s.fits_memory and s.k > 0, s.speedup), reverse=True)
+    best = usable[0] if usable and usable[0].speedup > 1.0 else None
+    if (
+        current_score is not None
+        and current_score.k > 0
+        and current_score.speedup > 1.0
+        and (best is None or current_score.speedup >= best.speedup)
+    ):
+        return DraftDecision(
+            DraftReason.KEEP_NO_BETTER_CANDIDATE,
+            f"{trigger.message} No candidate beats the current draft ({current_score.speedup:.2f}× at "
+            f"K = {current_score.k}); keeping it.",
+            None,
+            current_score.k,
+            current_score.speedup,
+            current_score.speedup_ci,
+            trigger,
+            tuple(ranking),
+            current_score,
+        )
+    if best is None:
+        return DraftDecision(
+            DraftReason.DISABLE_SPECULATION,
+            f"{trigger.message} No candidate is predicted to beat plain decoding that fits memory: "
+            "switching speculation off (K = 0).",
+            None,
+            0,
+            1.0,
+            (1.0, 1.0),
+            trigger,
+            tuple(ranking),
+            current_score,
+        )
+    chosen = by_name[best.name]
+    reason = DraftReason.FALLBACK_NGRAM if chosen.free else DraftReason.SWITCH_DRAFT
+    verb = "Falling back to" if chosen.free else "Switching to"
+    return DraftDecision(
+        reason,
+        f"{trigger.message} {verb} {chosen.name} ({chosen.method}) at K = {best.k}: predicted "
+        f"{best.speedup:.2f}× plain decoding (interval {best.speedup_ci[0]:.2f}–{best.speedup_ci[1]:.2f}×, "
+        f"α ≈ {best.alpha:.2f} from {best.source}).",
+        chosen,
+        best.k,
+        best.speedup,
+        best.speedup_ci,
+        trigger,
+        tuple(ranking),
+        current_score,
+    )

@@ -1,0 +1,141 @@
+"""The per-batch-size K table for vLLM's ``num_speculative_tokens_per_batch_size``.
+
+Purely computational. For every batch size 1..max_batch_size the best K is chosen by
+:func:`policies.choose_k.choose_k` (memory checked at that many running sequences); equal neighbours
+merge into inclusive ranges ``[lo, hi, K]``. The rows are contiguous, the first starts at 1 and the last
+ends at max_batch_size; K may be 0 (speculation off at that load).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+
+from policies.acceptance_model import AcceptanceModel
+from policies.choose_k import KChoiceSnapshot, KDecision, choose_k
+from policies.memory import DraftFootprint, MemoryBudget
+from policies.speedup import check_k
+from policies.step_cost import StepCostModel
+
+
+@dataclass(frozen=True)
+class AcceptanceBucket:
+    """An acceptance model measured for batch sizes lo..hi (inclusive), when the data carry buckets."""
+
+    lo: int
+    hi: int
+    acceptance: AcceptanceModel
+
+
+@dataclass(frozen=True)
+class KTableSnapshot:
+    now: datetime
+    acceptance: AcceptanceModel
+    step_cost: StepCostModel
+    max_batch_size: int
+    k_max: int
+    draft: DraftFootprint | None = None
+    memory: MemoryBudget | None = None
+    acceptance_by_batch_size: Sequence[AcceptanceBucket] = ()
+    confidence: float = 0.95
+
+    def __post_init__(self) -> None:
+        check_k(self.k_max, "K_max")
+        if isinstance(self.max_batch_size, bool) or not isinstance(self.max_batch_size, int) or self.max_batch_size < 1:
+            raise ValueError(f"max batch size must be an integer ≥ 1 but got {self.max_batch_size!r}")
+        for bucket in self.acceptance_by_batch_size:
+            if not 1 <= bucket.lo <= bucket.hi:
+                raise ValueError(f"batch-size bucket [{bucket.lo}, {bucket.hi}] is not a range starting at ≥ 1")
+
+    def acceptance_at(self, batch_size: int) -> AcceptanceModel:
+        for bucket in self.acceptance_by_batch_size:
+            if bucket.lo <= batch_size <= bucket.hi:
+                return bucket.acceptance
+        return self.acceptance
+
+
+class KTableReason(StrEnum):
+    CONSTANT = "constant"  # one K for every batch size
+    VARIES_WITH_BATCH = "varies_with_batch_size"
+    SPECULATION_OFF = "speculation_off"  # K = 0 everywhere
+
+
+@dataclass(frozen=True)
+class KTable:
+    """Merged ``[lo, hi, K]`` rows plus the decision behind every batch size."""
+
+    rows: tuple[tuple[int, int, int], ...]
+    reason: KTableReason
+    message: str
+    min_speedup: float
+    max_speedup: float
+    decisions: tuple[KDecision, ...] = field(repr=False)
+
+    def as_vllm(self) -> list[list[int]]:
+        """The value for ``speculative_config["num_speculative_tokens_per_batch_size"]``."""
+        return [list(row) for row in self.rows]
+
+    def k_for(self, batch_size: int) -> int:
+        for lo, hi, k in self.rows:
+            if lo <= batch_size <= hi:
+                return k
+        raise ValueError(f"batch size {batch_size} is outside the table 1..{self.rows[-1][1]}")
+
+
+def merge_ranges(ks: Sequence[int]) -> tuple[tuple[int, int, int], ...]:
+    """K per batch size (index 0 is batch 1) → inclusive ``(lo, hi, K)`` rows, equal neighbours merged."""
+    if not ks:
+        raise ValueError("need the K of at least one batch size")
+    rows: list[tuple[int, int, int]] = []
+    start = 1
+    for b in range(2, len(ks) + 2):
+        if b == len(ks) + 1 or ks[b - 1] != ks[start - 1]:
+            rows.append((start, b - 1, int(ks[start - 1])))
+            start = b
+    return tuple(rows)
+
+
+def k_table(snapshot: KTableSnapshot) -> KTable:
+    """The best K for every batch size 1..max_batch_size, merged. Purely computational."""
+    decisions = tuple(
+        choose_k(
+            KChoiceSnapshot(
+                now=snapshot.now,
+                acceptance=snapshot.acceptance_at(b),
+                step_cost=snapshot.step_cost,
+                batch_size=b,
+                k_max=snapshot.k_max,
+                draft=snapshot.draft,
+                memory=snapshot.memory,
+                confidence=snapshot.confidence,
+            )
+        )
+        for b in range(1, snapshot.max_batch_size + 1)
+    )
+    rows = merge_ranges([d.k for d in decisions])
+    speedups = [d.speedup for d in decisions]
+    table = ", ".join(f"{lo}–{hi}: K={k}" for lo, hi, k in rows)
+    if all(k == 0 for _, _, k in rows):
+        reason, message = (
+            KTableReason.SPECULATION_OFF,
+            f"Speculation does not pay at any batch size up to {snapshot.max_batch_size}: K = 0 throughout.",
+        )
+    elif len(rows) == 1:
+        reason, message = (
+            KTableReason.CONSTANT,
+            (
+                f"K = {rows[0][2]} is best at every batch size 1–{snapshot.max_batch_size} "
+                f"({min(speedups):.2f}–{max(speedups):.2f}× no speculation)."
+            ),
+        )
+    else:
+        reason, message = (
+            KTableReason.VARIES_WITH_BATCH,
+            (
+                f"The best K changes with load ({table}); predicted {min(speedups):.2f}–{max(speedups):.2f}× "
+                "no speculation."
+            ),
+        )
+    return KTable(rows, reason, message, min(speedups), max(speedups), decisions)

@@ -1,0 +1,69 @@
+"""Expected tokens per verify step and the Leviathan et al. speedup model.
+
+Purely computational. Under the i.i.d. model with acceptance α and K speculative tokens one verify
+step emits E(α, K) = (1 − α^{K+1}) / (1 − α) tokens (bonus token included); at batch 1 the wall-time
+improvement over plain decoding is E(α, K) / (K·c + 1) with c = draft step time / target step time
+(Leviathan, Kalman & Matias 2023, Theorem 3.8).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+from numpy.typing import NDArray
+
+
+def check_alpha(alpha: float) -> None:
+    """α must be a probability; 1 is allowed here (a draft identical to the target)."""
+    if not (isinstance(alpha, int | float) and 0.0 <= alpha <= 1.0):
+        raise ValueError(f"alpha must lie in [0, 1] but got {alpha!r}")
+
+
+def check_k(k: int, name: str = "K") -> None:
+    if not isinstance(k, int | np.integer) or k < 0:
+        raise ValueError(f"{name} must be an integer ≥ 0 but got {k!r}")
+
+
+def expected_tokens_per_step(alpha: float, k: int) -> float:
+    """E(α, K) = (1 − α^{K+1}) / (1 − α); K + 1 at α = 1, 1 at K = 0."""
+    check_alpha(alpha)
+    check_k(k)
+    if alpha == 1.0:
+        return float(k + 1)
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def expected_accepted_per_draft(alpha: float, k: int) -> float:
+    """E[accepted draft tokens per draft] = E(α, K) − 1 = α(1 − α^K)/(1 − α)."""
+    return expected_tokens_per_step(alpha, k) - 1.0
+
+
+def expected_tokens_from_conditional(conditional: Sequence[float]) -> float:
+    """E for a non-i.i.d. draft: 1 + Σ_{j=1..K} Π_{i<j} c_i, with c_i the conditional acceptance."""
+    total, survive = 1.0, 1.0
+    for c in conditional:
+        survive *= c
+        total += survive
+    return total
+
+
+def expected_tokens_array(alpha: NDArray[np.float64], k: int) -> NDArray[np.float64]:
+    """Vectorised E(α, K) over an array of α (simulation and interval mapping)."""
+    a = np.asarray(alpha, dtype=float)
+    out = np.full_like(a, float(k + 1))
+    m = a < 1.0
+    out[m] = (1.0 - a[m] ** (k + 1)) / (1.0 - a[m])
+    return out
+
+
+def leviathan_speedup(alpha: float, k: int, cost_ratio: float) -> float:
+    """Wall-time improvement at batch 1: E(α, K) / (K·c + 1)."""
+    check_cost_ratio(cost_ratio)
+    return expected_tokens_per_step(alpha, k) / (k * cost_ratio + 1.0)
+
+
+def check_cost_ratio(cost_ratio: float) -> None:
+    if not (isinstance(cost_ratio, int | float) and math.isfinite(cost_ratio) and cost_ratio >= 0.0):
+        raise ValueError(f"cost ratio c (draft step / target step) must be a finite number ≥ 0 but got {cost_ratio!r}")

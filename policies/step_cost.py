@@ -1,0 +1,279 @@
+"""Step-time model T(B, K) fitted from (batch size, K, step time) observations.
+
+Purely computational. One verify step at batch B with K speculative tokens costs
+
+    T(B, K) = fixed_s + per_token_s·B·(K + 1) + K·(draft_fixed_s + draft_per_seq_s·B)
+
+The target scores B·(K + 1) tokens in one forward pass (a fixed part plus a per-token part); the draft
+runs K sequential forward passes over B sequences. All four parameters are ≥ 0, so the fit is a bounded
+linear least-squares problem (``scipy.optimize.least_squares``). The draft/target cost ratio at batch B
+is c(B) = (draft_fixed_s + draft_per_seq_s·B) / (fixed_s + per_token_s·B), Leviathan's c at B = 1.
+
+The tuner supplies the arrays (from per-step records, from windows as mean step time weighted by the
+number of steps, and from a calibration sweep); this module never touches the store.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from statistics import NormalDist
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+from scipy import optimize
+
+from policies.speedup import check_cost_ratio
+
+PARAMETER_NAMES = ("fixed_s", "per_token_s", "draft_fixed_s", "draft_per_seq_s")
+
+
+@dataclass(frozen=True)
+class StepCostModel:
+    """T(B, K) in seconds (or in any consistent unit when built from a cost ratio).
+
+    ``covariance`` is the 4×4 parameter covariance of a fit (None for a model given by hand); it
+    gives the prediction interval of :meth:`step_time_interval_s`.
+    """
+
+    fixed_s: float
+    per_token_s: float
+    draft_fixed_s: float
+    draft_per_seq_s: float
+    covariance: tuple[tuple[float, ...], ...] | None = None
+    residual_std_s: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in PARAMETER_NAMES:
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0.0):
+                raise ValueError(f"step-cost parameter {name} must be a finite number ≥ 0 but got {value!r}")
+        if self.fixed_s + self.per_token_s <= 0.0:
+            raise ValueError("a target step must cost something: fixed_s + per_token_s must be > 0")
+
+    @classmethod
+    def from_cost_ratio(cls, cost_ratio: float, target_step_s: float = 1.0, per_token_s: float = 0.0) -> StepCostModel:
+        """Leviathan's model: a draft pass costs c × a target pass at every batch size.
+
+        ``per_token_s`` (default 0: memory-bound, verifying K+1 tokens costs as much as 1) makes the
+        target's cost grow with the tokens it scores, which is what makes speculation lose at large B.
+        """
+        check_cost_ratio(cost_ratio)
+        if not (math.isfinite(target_step_s) and target_step_s > 0):
+            raise ValueError(f"target step time must be > 0 but got {target_step_s!r}")
+        if not (math.isfinite(per_token_s) and per_token_s >= 0):
+            raise ValueError(f"per-token cost must be ≥ 0 but got {per_token_s!r}")
+        return cls(
+            fixed_s=target_step_s,
+            per_token_s=per_token_s,
+            draft_fixed_s=cost_ratio * target_step_s,
+            draft_per_seq_s=cost_ratio * per_token_s,
+        )
+
+    @property
+    def parameters(self) -> NDArray[np.float64]:
+        return np.array([self.fixed_s, self.per_token_s, self.draft_fixed_s, self.draft_per_seq_s])
+
+    def step_time_s(self, batch_size: float, k: int) -> float:
+        """Predicted T(B, K)."""
+        # plain float arithmetic: this runs K_max × batch sizes times per decision
+        return (
+            self.fixed_s
+            + self.per_token_s * batch_size * (k + 1)
+            + k * (self.draft_fixed_s + self.draft_per_seq_s * batch_size)
+        )
+
+    def step_time_interval_s(self, batch_size: float, k: int, confidence: float = 0.95) -> tuple[float, float]:
+        """Interval for the mean step time T(B, K) from the fit's covariance (a point without one)."""
+        mean = self.step_time_s(batch_size, k)
+        if self.covariance is None:
+            return (mean, mean)
+        x = design_matrix(np.array([batch_size], float), np.array([k], float))[0]
+        sd = math.sqrt(max(float(x @ np.array(self.covariance) @ x), 0.0))
+        z = NormalDist().inv_cdf(0.5 + confidence / 2.0)
+        return (max(mean - z * sd, 0.0), mean + z * sd)
+
+    def cost_ratio(self, batch_size: float = 1.0) -> float:
+        """c(B): one draft forward pass over one target forward pass (one token per sequence)."""
+        return (self.draft_fixed_s + self.draft_per_seq_s * batch_size) / (self.fixed_s + self.per_token_s * batch_size)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "fixed_s": self.fixed_s,
+            "per_token_s": self.per_token_s,
+            "draft_fixed_s": self.draft_fixed_s,
+            "draft_per_seq_s": self.draft_per_seq_s,
+            "covariance": [list(r) for r in self.covariance] if self.covariance is not None else None,
+            "residual_std_s": self.residual_std_s,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> StepCostModel:
+        """Inverse of :meth:`to_dict`; a missing or non-numeric parameter is a clear ValueError."""
+        values: dict[str, float] = {}
+        for name in PARAMETER_NAMES:
+            if name not in data:
+                raise ValueError(f"step-cost model is missing {name!r}; expected keys {list(PARAMETER_NAMES)}")
+            try:
+                values[name] = float(data[name])
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"step-cost parameter {name} must be a number but got {data[name]!r}") from exc
+        cov = data.get("covariance")
+        covariance = tuple(tuple(float(v) for v in row) for row in cov) if cov is not None else None
+        std = data.get("residual_std_s")
+        return cls(**values, covariance=covariance, residual_std_s=float(std) if std is not None else None)
+
+
+class StepCostReason(StrEnum):
+    OK = "ok"
+    TOO_FEW_OBSERVATIONS = "too_few_observations"
+    K_NOT_VARIED = "k_not_varied"
+    BATCH_NOT_VARIED = "batch_not_varied"
+    INVALID_INPUT = "invalid_input"
+
+
+@dataclass(frozen=True)
+class StepCostFit:
+    """A fitted model, or None with the reason and what to measure next."""
+
+    model: StepCostModel | None
+    reason: StepCostReason
+    message: str
+    n_observations: int
+    cost_ratio: float | None = None
+    cost_ratio_ci: tuple[float, float] | None = None
+
+
+def design_matrix(batch_size: NDArray[np.float64], k: NDArray[np.float64]) -> NDArray[np.float64]:
+    """Rows [1, B·(K+1), K, K·B]: T(B, K) = row · (fixed_s, per_token_s, draft_fixed_s, draft_per_seq_s)."""
+    return np.column_stack([np.ones_like(batch_size), batch_size * (k + 1.0), k, k * batch_size])
+
+
+def fit_step_cost(
+    batch_size: ArrayLike,
+    k: ArrayLike,
+    step_time_s: ArrayLike,
+    weight: ArrayLike | None = None,
+    confidence: float = 0.95,
+) -> StepCostFit:
+    """Fit T(B, K) by bounded least squares. Purely computational.
+
+    ``weight`` is the number of steps an observation averages (a window's mean step time), default 1.
+    Both B and K must vary for the full model: with one B the model is flat in B (said in the
+    message); with one K the draft cost cannot be told from the target's and no model is returned —
+    run the calibration sweep (K = 0 and K = K_max).
+    """
+    b = np.asarray(batch_size, dtype=float).ravel()
+    kk = np.asarray(k, dtype=float).ravel()
+    y = np.asarray(step_time_s, dtype=float).ravel()
+    w = np.ones_like(y) if weight is None else np.asarray(weight, dtype=float).ravel()
+    n = y.size
+    if not (b.size == kk.size == n == w.size):
+        return StepCostFit(
+            None,
+            StepCostReason.INVALID_INPUT,
+            f"batch_size, k, step_time_s and weight must have equal lengths but have "
+            f"{b.size}, {kk.size}, {n}, {w.size}.",
+            n,
+        )
+    bad = _invalid_rows(b, kk, y, w)
+    if bad:
+        return StepCostFit(None, StepCostReason.INVALID_INPUT, bad, n)
+    if n < 3:
+        return StepCostFit(None, StepCostReason.TOO_FEW_OBSERVATIONS, f"{n} observations; at least 3 are needed.", n)
+    if np.unique(kk).size < 2:
+        return StepCostFit(
+            None,
+            StepCostReason.K_NOT_VARIED,
+            f"every observation has K = {int(kk[0])}, so the draft's cost cannot be separated from the "
+            "target's; run the calibration sweep (K = 0 and K = K_max).",
+            n,
+        )
+    batch_varied = np.unique(b).size >= 2
+    x = design_matrix(b, kk)
+    if not batch_varied:
+        # With one B only the intercept and the slope in K are identifiable: keep them as fixed_s
+        # and draft_fixed_s so the model is exact at the observed B and flat in B elsewhere.
+        x = x.copy()
+        x[:, 1] = 0.0
+        x[:, 3] = 0.0
+    sw = np.sqrt(w)
+    xw, yw = x * sw[:, None], y * sw
+    scale = max(float(np.abs(y).max()), 1e-12)
+    sol = optimize.least_squares(
+        lambda th: (xw @ th - yw) / scale,
+        x0=np.full(4, 0.0),
+        jac=lambda th: xw / scale,
+        bounds=(np.zeros(4), np.full(4, np.inf)),
+        method="trf",
+    )
+    theta = np.maximum(sol.x, 0.0)
+    if not batch_varied:
+        theta[1] = theta[3] = 0.0
+    if theta[0] + theta[1] <= 0.0:
+        theta[0] = float(np.average(y, weights=w))  # degenerate data: keep the model valid
+    resid = yw - xw @ theta
+    active = [i for i in range(4) if (batch_varied or i in (0, 2))]
+    dof = max(n - len(active), 1)
+    sigma2 = float(resid @ resid) / dof
+    xa = xw[:, active]
+    cov_a = sigma2 * np.linalg.pinv(xa.T @ xa)
+    cov = np.zeros((4, 4))
+    cov[np.ix_(active, active)] = cov_a
+    model = StepCostModel(
+        fixed_s=float(theta[0]),
+        per_token_s=float(theta[1]),
+        draft_fixed_s=float(theta[2]),
+        draft_per_seq_s=float(theta[3]),
+        covariance=tuple(tuple(float(v) for v in row) for row in cov),
+        residual_std_s=math.sqrt(sigma2 / float(np.mean(w))),
+    )
+    c = model.cost_ratio(1.0)
+    c_ci = _cost_ratio_interval(model, cov, confidence)
+    if batch_varied:
+        reason, message = (
+            StepCostReason.OK,
+            f"T(B, K) fitted from {n} observations; cost ratio c = {c:.3f} at batch 1.",
+        )
+    else:
+        reason, message = (
+            StepCostReason.BATCH_NOT_VARIED,
+            f"every observation has batch size {b[0]:g}: the model is exact there and assumed flat in "
+            f"B elsewhere; c = {c:.3f}. Measure other batch sizes for a per-batch-size table.",
+        )
+    return StepCostFit(model, reason, message, n, c, c_ci)
+
+
+def _invalid_rows(
+    b: NDArray[np.float64], k: NDArray[np.float64], y: NDArray[np.float64], w: NDArray[np.float64]
+) -> str:
+    for name, arr, ok in (
+        ("batch_size", b, (b >= 1) & np.isfinite(b)),
+        ("k", k, (k >= 0) & np.isfinite(k) & (k == np.round(k))),
+        ("step_time_s", y, (y > 0) & np.isfinite(y)),
+        ("weight", w, (w > 0) & np.isfinite(w)),
+    ):
+        if not bool(np.all(ok)):
+            i = int(np.argmin(ok))
+            return f"{name}[{i}] = {arr[i]!r} is invalid (batch ≥ 1, integer K ≥ 0, step time > 0, weight > 0)."
+    return ""
+
+
+def _cost_ratio_interval(model: StepCostModel, cov: NDArray[np.float64], confidence: float) -> tuple[float, float]:
+    """Delta-method interval for c(1) = (d + e) / (a + b)."""
+    num = model.draft_fixed_s + model.draft_per_seq_s
+    den = model.fixed_s + model.per_token_s
+    grad = np.array([-num / den**2, -num / den**2, 1.0 / den, 1.0 / den])
+    sd = math.sqrt(max(float(grad @ cov @ grad), 0.0))
+    z = NormalDist().inv_cdf(0.5 + confidence / 2.0)
+    c = num / den
+    return (max(c - z * sd, 0.0), c + z * sd)
+
+
+def step_times_table(model: StepCostModel, batch_sizes: Sequence[int], k_max: int) -> NDArray[np.float64]:
+    """T(B, K) for every listed B (rows) and K = 0..k_max (columns)."""
+    bb, kk = np.meshgrid(np.asarray(batch_sizes, float), np.arange(k_max + 1, dtype=float), indexing="ij")
+    return (design_matrix(bb.ravel(), kk.ravel()) @ model.parameters).reshape(bb.shape)

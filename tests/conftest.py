@@ -1,0 +1,20 @@
+"""Test tiers by directory: tests/unit -> unit, tests/integration -> integration, tests/live -> live.
+
+Live tests share one lab engine per session (fixtures in ``tests/live/conftest.py``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+_TIERS = {"unit", "integration", "live"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        parts = Path(str(item.fspath)).parts
+        for tier in _TIERS:
+            if tier in parts:
+                item.add_marker(getattr(pytest.mark, tier))

@@ -1,0 +1,84 @@
+"""The actuator contract: ``apply(config) -> ApplyResult``, idempotent, never raises for an engine
+that refuses a config (that is a result, not an exception)."""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+SpecConfig = dict[str, Any]  # vLLM's --speculative-config as a JSON object
+
+
+def config_fingerprint(config: SpecConfig | None) -> str:
+    """A stable text identity of a config (key order does not matter)."""
+    return json.dumps(config, sort_keys=True, separators=(",", ":"))
+
+
+class ApplyStatus(StrEnum):
+    APPLIED = "applied"  # the new config is in force
+    UNCHANGED = "unchanged"  # it already was; nothing was done
+    ROLLED_BACK = "rolled_back"  # the new config failed; the last good one is back in force
+    FAILED = "failed"  # the new config failed and the old one could not be confirmed either
+
+
+@dataclass(frozen=True)
+class ApplyResult:
+    status: ApplyStatus
+    message: str
+    config: SpecConfig | None  # what is in force afterwards, as far as the actuator knows
+    downtime_s: float | None = None  # serving gap caused by the apply, when measured
+    detail: str = ""  # e.g. the tail of the failed engine's log, an orchestrator's answer
+
+    @property
+    def ok(self) -> bool:
+        return self.status in (ApplyStatus.APPLIED, ApplyStatus.UNCHANGED)
+
+
+class Actuator(ABC):
+    """Applies speculative-decoding configs to an engine.
+
+    Contract: ``apply(config)`` returns :data:`ApplyStatus.UNCHANGED` without side effects when
+    ``config`` is the one last applied successfully; otherwise it tries to put ``config`` in force and
+    reports what is in force afterwards. It raises only for programming errors.
+    """
+
+    kind: str = "abstract"
+    needs_restart: bool = True  # whether an apply interrupts serving (the switching-cost rail)
+
+    def __init__(self) -> None:
+        self.current: SpecConfig | None = None  # last config known to be in force
+
+    @abstractmethod
+    def apply(self, config: SpecConfig) -> ApplyResult: ...
+
+    def start(self, config: SpecConfig) -> ApplyResult:
+        """Bring the engine up with ``config`` (actuators that do not manage an engine just remember it)."""
+        self.current = dict(config)
+        return ApplyResult(ApplyStatus.UNCHANGED, "the engine is managed elsewhere", self.current)
+
+    def ensure_running(self) -> ApplyResult | None:
+        """Health job hook: restart a managed engine that died. None when there is nothing to do."""
+        return None
+
+    def stop(self) -> None:
+        """Stop a managed engine (daemon shutdown). No-op for external orchestrators."""
+        return None
+
+    def _unchanged(self, config: SpecConfig) -> ApplyResult | None:
+        if self.current is not None and config_fingerprint(config) == config_fingerprint(self.current):
+            return ApplyResult(ApplyStatus.UNCHANGED, "this config is already in force", self.current, 0.0)
+        return None
+
+
+class NullActuator(Actuator):
+    """Advisory deployments: nothing is ever applied."""
+
+    kind = "none"
+
+    def apply(self, config: SpecConfig) -> ApplyResult:
+        return self._unchanged(config) or ApplyResult(
+            ApplyStatus.FAILED, "no actuator is configured ([actuator] kind = 'none')", self.current
+        )

@@ -1,0 +1,190 @@
+"""Apply a config by restarting the supervised vLLM server with a new ``--speculative-config``.
+
+Order: drain and stop the running server (SIGTERM; vLLM finishes in-flight requests for
+``--shutdown-timeout`` seconds), start it with the new config, wait for ``/health``. If the new one
+does not come up in time, start the last good config again: the engine is never left down when a
+config that worked before can still serve.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from tuner.actuators.base import Actuator, ApplyResult, ApplyStatus, SpecConfig, config_fingerprint
+from tuner.engine.process import EngineProcess, EngineStartError
+
+log = logging.getLogger(__name__)
+
+
+def server_argv(
+    base_argv: Sequence[str], config: SpecConfig | None, shutdown_timeout_s: float | None
+) -> list[str]:
+    """The server command line for ``config`` (``method = "off"`` or None: no speculation)."""
+    argv = list(base_argv)
+    if shutdown_timeout_s is not None:
+        argv += ["--shutdown-timeout", f"{shutdown_timeout_s:g}"]
+    if config is not None and config.get("method") not in (None, "off"):
+        argv += ["--speculative-config", json.dumps(config, sort_keys=True)]
+    return argv
+
+
+class RestartActuator(Actuator):
+    """Owns the engine process. Thread-safe: one apply/start/stop at a time."""
+
+    kind = "restart"
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        health_url: str,
+        log_path: Path,
+        *,
+        startup_timeout_s: float = 600.0,
+        shutdown_timeout_s: float = 30.0,
+        pass_shutdown_timeout: bool = True,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__()
+        if not argv:
+            raise ValueError("the restart actuator needs the server command line (argv) but got an empty one")
+        self.base_argv = list(argv)
+        self.health_url = health_url
+        self.log_path = log_path
+        self.startup_timeout_s = startup_timeout_s
+        self.shutdown_timeout_s = shutdown_timeout_s
+        self.pass_shutdown_timeout = pass_shutdown_timeout
+        self.env = dict(env or {})
+        self.last_good: SpecConfig | None = None
+        self.process: EngineProcess | None = None
+        self._lock = threading.RLock()
+
+    # -- process handling --------------------------------------------------------------------------
+    def _launch(self, config: SpecConfig | None) -> float:
+        """Start the server with ``config`` and wait until healthy; returns seconds to healthy.
+        Raises :class:`EngineStartError` (the failed process group is already stopped)."""
+        argv = server_argv(
+            self.base_argv, config, self.shutdown_timeout_s if self.pass_shutdown_timeout else None
+        )
+        self.process = EngineProcess(
+            argv=argv,
+            health_url=self.health_url,
+            log_path=self.log_path,
+            env=self.env,
+            startup_timeout_s=self.startup_timeout_s,
+            stop_timeout_s=self.shutdown_timeout_s + 10.0,
+        )
+        self.process.start()
+        try:
+            return self.process.wait_healthy()
+        except EngineStartError:
+            self.process = None
+            raise
+
+    def _stop(self) -> None:
+        if self.process is not None:
+            self.process.stop()
+            self.process = None
+
+    def healthy(self) -> bool:
+        proc = self.process
+        return proc is not None and proc.alive() and proc.healthy()
+
+    # -- the Actuator interface --------------------------------------------------------------------
+    def start(self, config: SpecConfig) -> ApplyResult:
+        """Start the engine with ``config`` (the daemon's first config, or the one recovered from the DB)."""
+        with self._lock:
+            if self.healthy() and config_fingerprint(config) == config_fingerprint(self.current):
+                return ApplyResult(ApplyStatus.UNCHANGED, "the engine already runs this config", self.current, 0.0)
+            self._stop()
+            try:
+                waited_s = self._launch(config)
+            except EngineStartError as exc:
+                self.current = None
+                return ApplyResult(ApplyStatus.FAILED, f"the engine did not start: {exc}", None, detail=exc.log_tail)
+            self.current = self.last_good = dict(config)
+            return ApplyResult(ApplyStatus.APPLIED, f"engine healthy after {waited_s:.1f} s", self.current, waited_s)
+
+    def apply(self, config: SpecConfig) -> ApplyResult:
+        with self._lock:
+            if self.healthy():
+                unchanged = self._unchanged(config)
+                if unchanged:
+                    return unchanged
+            t0 = time.monotonic()
+            self._stop()  # graceful: vLLM drains in-flight requests for --shutdown-timeout
+            try:
+                self._launch(config)
+            except EngineStartError as exc:
+                log.warning("restart actuator: new config failed to start (%s); restoring the last good one", exc)
+                return self._restore(config, exc, t0)
+            downtime_s = time.monotonic() - t0
+            self.current = self.last_good = dict(config)
+            log.info("restart actuator: new config healthy after %.1f s of downtime", downtime_s)
+            return ApplyResult(
+                ApplyStatus.APPLIED, f"engine restarted with the new config in {downtime_s:.1f} s", self.current,
+                downtime_s,
+            )
+
+    def _restore(self, failed: SpecConfig, error: EngineStartError, t0: float) -> ApplyResult:
+        good = self.last_good
+        if good is None:
+            self.current = None
+            return ApplyResult(
+                ApplyStatus.FAILED,
+                f"the new config did not come up ({error}) and there is no earlier good config to restore; "
+                "the engine is down",
+                None,
+                detail=error.log_tail,
+            )
+        try:
+            self._launch(good)
+        except EngineStartError as exc2:
+            self.current = None
+            return ApplyResult(
+                ApplyStatus.FAILED,
+                f"the new config did not come up ({error}) and neither did the last good one ({exc2}); "
+                "the engine is down — check the engine log",
+                None,
+                detail=exc2.log_tail,
+            )
+        self.current = dict(good)
+        downtime_s = time.monotonic() - t0
+        return ApplyResult(
+            ApplyStatus.ROLLED_BACK,
+            f"the new config did not come up ({error}); the last good config is serving again after "
+            f"{downtime_s:.1f} s",
+            self.current,
+            downtime_s,
+            detail=error.log_tail,
+        )
+
+    def ensure_running(self) -> ApplyResult | None:
+        """Restart the last good config if the engine process died (not if it is merely slow)."""
+        with self._lock:
+            if self.process is not None and self.process.alive():
+                return None
+            if self.last_good is None:
+                return None
+            log.warning("restart actuator: the engine is not running; starting the last good config")
+            t0 = time.monotonic()
+            try:
+                self._launch(self.last_good)
+            except EngineStartError as exc:
+                self.current = None
+                return ApplyResult(
+                    ApplyStatus.FAILED, f"the engine died and did not restart: {exc}", None, detail=exc.log_tail
+                )
+            self.current = dict(self.last_good)
+            return ApplyResult(
+                ApplyStatus.APPLIED, "the engine had stopped; restarted with the last good config", self.current,
+                time.monotonic() - t0,
+            )
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stop()

@@ -1,0 +1,238 @@
+"""Safety rails between a policy's proposal and the actuator. Purely computational, no side effects.
+
+Each rail is a pure function of (settings, state, proposal, now) that returns ``None`` to let the
+change through or a :class:`Block` naming why not. :func:`check_guardrails` runs them in a fixed,
+visible order — the cheapest, most fundamental first — and returns the first block:
+
+    paused → pending verification → evidence → gain (hysteresis on size) → streak (hysteresis in time)
+    → cooldown → changes per hour → switching cost → maintenance window
+
+Nothing here reads the clock: ``now`` is always passed in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, time, timedelta
+from enum import StrEnum
+
+
+class BlockReason(StrEnum):
+    PAUSED = "paused"
+    PENDING_VERIFICATION = "pending_verification"
+    INSUFFICIENT_EVIDENCE = "insufficient_evidence"
+    GAIN_TOO_SMALL = "gain_too_small"
+    NOT_PERSISTENT = "not_persistent"
+    COOLDOWN = "cooldown"
+    TOO_MANY_CHANGES = "too_many_changes"
+    SWITCHING_COST = "switching_cost"
+    OUTSIDE_MAINTENANCE_WINDOW = "outside_maintenance_window"
+
+
+@dataclass(frozen=True)
+class Block:
+    reason: BlockReason
+    message: str
+
+
+@dataclass(frozen=True)
+class MaintenanceWindowSpec:
+    """UTC ``start``..``end`` on ``days`` (0 = Monday); ``end <= start`` wraps past midnight."""
+
+    start: time
+    end: time
+    days: tuple[int, ...] = (0, 1, 2, 3, 4, 5, 6)
+
+
+@dataclass(frozen=True)
+class GuardrailSettings:
+    min_drafts: int = 200  # drafts; below this α's interval is too wide to act on
+    min_evidence_s: float = 60.0  # seconds of windows under the current config
+    min_gain: float = 0.03  # the lower end of the predicted gain must exceed 1 + min_gain
+    hysteresis_ticks: int = 2  # consecutive decisions proposing the same target
+    cooldown_s: float = 600.0  # after any change (lets the evaluation window fill)
+    max_changes_per_hour: int = 4
+    restart_downtime_s: float = 60.0  # measured restarts replace this when known
+    payback_horizon_s: float = 3600.0  # the gain must repay the downtime within this
+    maintenance_windows: tuple[MaintenanceWindowSpec, ...] = ()
+
+
+@dataclass(frozen=True)
+class ControllerState:
+    """What the rails need to know about the past; rebuilt from the database on every tick."""
+
+    paused: bool = False
+    pending_verification: bool = False
+    change_times: tuple[datetime, ...] = ()  # when configs we applied took effect, any order
+    streak_target: str | None = None  # the last proposal's target (a config fingerprint)
+    streak_count: int = 0  # how many decisions in a row proposed it, this one included
+
+    @property
+    def last_change_at(self) -> datetime | None:
+        return max(self.change_times) if self.change_times else None
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """A change the policy wants, with the evidence behind it."""
+
+    target: str  # fingerprint of the proposed config (for the streak)
+    predicted_gain: float  # goodput(new) / goodput(current)
+    predicted_gain_ci: tuple[float, float]
+    drafts: int  # evidence behind the estimate
+    evidence_s: float
+    needs_restart: bool = True
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+def next_streak(state: ControllerState, target: str | None) -> tuple[str | None, int]:
+    """The streak after a decision proposing ``target`` (None: no change wanted). A different target
+    restarts the count at 1, like Ray Serve's signed delay counter that resets on a direction flip."""
+    if target is None:
+        return None, 0
+    if target == state.streak_target:
+        return target, state.streak_count + 1
+    return target, 1
+
+
+def check_paused(s: GuardrailSettings, st: ControllerState, p: Proposal, now: datetime) -> Block | None:
+    if st.paused:
+        return Block(BlockReason.PAUSED, "The controller is paused; run `spectuner resume` to let it act.")
+    return None
+
+
+def check_pending(s: GuardrailSettings, st: ControllerState, p: Proposal, now: datetime) -> Block | None:
+    if st.pending_verification:
+        return Block(
+            BlockReason.PENDING_VERIFICATION,
+            "The previous change is still in its evaluation window; no new change until it is verified.",
+        )
+    return None
+
+
+def check_evidence(s: GuardrailSettings, st: ControllerState, p: Proposal, now: datetime) -> Block | None:
+    if p.drafts < s.min_drafts or p.evidence_s < s.min_evidence_s:
+        return Block(
+            BlockReason.INSUFFICIENT_EVIDENCE,
+            f"Only {p.drafts} drafts over {p.evidence_s:.0f} s under the current config; a change needs "
+            f"{s.min_drafts} drafts and {s.min_evidence_s:.0f} s.",
+        )
+    return None
+
+
+def check_gain(s: GuardrailSettings, st: ControllerState, p: Proposal, now: datetime) -> Block | None:
+    lo, hi = p.predicted_gain_ci
+    if lo <= 1.0 + s.min_gain:
+        return Block(
+            BlockReason.GAIN_TOO_SMALL,
+            f"Predicted gain {p.predicted_gain:.3f}× (interval {lo:.3f}–{hi:.3f}×) is not surely above "
+            f"{1.0 + s.min_gain:.3f}×.",
+        )
+    return None
+
+
+def check_streak(s: GuardrailSettings, st: ControllerState, p: Proposal, now: datetime) -> Block | None:
+    _, count = next_streak(st, p.target)
+    if count < s.hysteresis_ticks:
+        return Block(
+            BlockReason.NOT_PERSISTENT,
+            f"This change has been proposed {count} time(s) in a row; it must be {s.hysteresis_ticks}.",
+        )
+    return None
+
+
+def check_cooldown(s: GuardrailSettings, st: ControllerState, p: Proposal, now: datetime) -> Block | None:
+    last = st.last_change_at
+    if last is not None:
+        since_s = (now - last).total_seconds()
+        if since_s < s.cooldown_s:
+            return Block(
+                BlockReason.COOLDOWN,
+                f"The last change was {since_s:.0f} s ago; the cooldown is {s.cooldown_s:.0f} s "
+                f"({s.cooldown_s - since_s:.0f} s left).",
+            )
+    return None
+
+
+def check_rate(s: GuardrailSettings, st: ControllerState, p: Proposal, now: datetime) -> Block | None:
+    hour_ago = now - timedelta(hours=1)
+    recent = sum(1 for t in st.change_times if hour_ago < t <= now)
+    if recent >= s.max_changes_per_hour:
+        return Block(
+            BlockReason.TOO_MANY_CHANGES,
+            f"{recent} change(s) in the last hour; the limit is {s.max_changes_per_hour} per hour.",
+        )
+    return None
+
+
+def payback_s(predicted_gain: float, downtime_s: float) -> float:
+    """Seconds of running at ``predicted_gain``× to make up ``downtime_s`` at zero throughput.
+
+    Lost: downtime × goodput. Won back per second: goodput × (gain − 1). The load's goodput cancels
+    (assumes the load stays as it is over the horizon)."""
+    if downtime_s <= 0:
+        return 0.0
+    if predicted_gain <= 1.0:
+        return float("inf")
+    return downtime_s / (predicted_gain - 1.0)
+
+
+def check_switching_cost(s: GuardrailSettings, st: ControllerState, p: Proposal, now: datetime) -> Block | None:
+    if not p.needs_restart:
+        return None
+    needed_s = payback_s(p.predicted_gain, s.restart_downtime_s)
+    if needed_s > s.payback_horizon_s:
+        return Block(
+            BlockReason.SWITCHING_COST,
+            f"A restart costs ~{s.restart_downtime_s:.0f} s of serving; at {p.predicted_gain:.3f}× it takes "
+            f"{needed_s:.0f} s to repay, longer than the {s.payback_horizon_s:.0f} s horizon.",
+        )
+    return None
+
+
+def in_window(w: MaintenanceWindowSpec, now: datetime) -> bool:
+    """Whether UTC ``now`` falls in ``w`` (a window wrapping midnight belongs to its start day)."""
+    t = now.timetz().replace(tzinfo=None)
+    day = now.weekday()
+    if w.start < w.end:
+        return day in w.days and w.start <= t < w.end
+    # wraps midnight: the evening part is on a listed day, the morning part on the day after one
+    return (day in w.days and t >= w.start) or (((day - 1) % 7) in w.days and t < w.end)
+
+
+def check_maintenance(s: GuardrailSettings, st: ControllerState, p: Proposal, now: datetime) -> Block | None:
+    if not p.needs_restart or not s.maintenance_windows:
+        return None
+    if any(in_window(w, now) for w in s.maintenance_windows):
+        return None
+    spans = ", ".join(f"{w.start:%H:%M}–{w.end:%H:%M} UTC" for w in s.maintenance_windows)
+    return Block(
+        BlockReason.OUTSIDE_MAINTENANCE_WINDOW,
+        f"Restarts happen only in a maintenance window ({spans}); it is {now:%a %H:%M} UTC.",
+    )
+
+
+RAILS = (
+    check_paused,
+    check_pending,
+    check_evidence,
+    check_gain,
+    check_streak,
+    check_cooldown,
+    check_rate,
+    check_switching_cost,
+    check_maintenance,
+)
+
+
+def check_guardrails(
+    settings: GuardrailSettings, state: ControllerState, proposal: Proposal, now: datetime
+) -> Block | None:
+    """The first rail (in :data:`RAILS` order) that blocks ``proposal``, or None to go ahead."""
+    if now.tzinfo is None:
+        raise ValueError("now must be an aware UTC datetime")
+    for rail in RAILS:
+        block = rail(settings, state, proposal, now)
+        if block is not None:
+            return block
+    return None

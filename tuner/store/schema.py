@@ -1,0 +1,190 @@
+"""Schema versions: Alembic driven from code, and the check that refuses an out-of-date database.
+
+The Alembic environment ships inside the package (``migrations/``); there is no alembic.ini. Every
+upgrade and downgrade runs in one transaction (PostgreSQL and SQLite both have transactional DDL), so
+a failed migration leaves the previous version intact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from alembic.util import CommandError
+from sqlalchemy import Engine
+
+import migrations
+from tuner.store.connect import WRITE_OPTION, make_engine
+from tuner.store.url import normalize_db_url, parse_db_url, render_url, sqlite_path
+
+
+class SchemaError(RuntimeError):
+    """The database schema cannot be used as it is. ``fix`` is the command that repairs it."""
+
+    def __init__(self, message: str, fix: str | None = None) -> None:
+        super().__init__(message)
+        self.fix = fix
+
+
+class SchemaMissingError(SchemaError):
+    """No spectuner schema at that URL (no file, or no tables yet)."""
+
+
+class SchemaOutOfDateError(SchemaError):
+    """The schema is older than this spectuner needs."""
+
+
+class SchemaTooNewError(SchemaError):
+    """The schema was written by a newer spectuner; this one must not touch it."""
+
+
+class RevisionError(ValueError):
+    """A revision argument that names nothing (``spectuner db downgrade NOPE``)."""
+
+
+@dataclass(frozen=True)
+class MigrationResult:
+    url: str  # password hidden
+    from_revision: str | None
+    to_revision: str | None
+
+
+def upgrade_command(url: str) -> str:
+    """The exact command that brings ``url`` up to date (password hidden)."""
+    return f"spectuner db upgrade --db {render_url(url)}"
+
+
+def alembic_config(url: str | None = None) -> Config:
+    cfg = Config()
+    cfg.set_main_option("script_location", str(Path(migrations.__file__).parent))
+    if url is not None:
+        # ConfigParser interpolation would eat a '%' in a password.
+        cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return cfg
+
+
+def script_directory() -> ScriptDirectory:
+    return ScriptDirectory.from_config(alembic_config())
+
+
+def head_revision() -> str:
+    """The revision this code expects. There is exactly one head (a test holds us to it)."""
+    head = script_directory().get_current_head()
+    if head is None:  # pragma: no cover - the package always ships versions
+        raise RuntimeError("migrations/versions is empty: the installed spectuner package is broken")
+    return head
+
+
+def current_revision(url: str) -> str | None:
+    """The revision stamped in the database, or ``None`` when it has no schema.
+
+    A SQLite file that does not exist is reported as ``None`` and is not created.
+    """
+    normalized = normalize_db_url(url)
+    path = sqlite_path(normalized)
+    if path is not None and not path.exists():
+        return None
+    engine = make_engine(normalized)
+    try:
+        return _current(engine)
+    finally:
+        engine.dispose()
+
+
+def _current(engine: Engine) -> str | None:
+    with engine.connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()
+
+
+def check_schema(url_or_engine: str | Engine) -> str:
+    """Return the current revision if it is this code's head; otherwise raise a :class:`SchemaError`
+    whose message names the command that fixes it."""
+    if isinstance(url_or_engine, str):
+        url = normalize_db_url(url_or_engine)
+        path = sqlite_path(url)
+        if path is not None and not path.exists():
+            raise SchemaMissingError(
+                f"no database at {render_url(url)} (file {path} does not exist): "
+                f"create it with `{upgrade_command(url)}`",
+                upgrade_command(url),
+            )
+        engine = make_engine(url)
+        try:
+            return _check(engine, url)
+        finally:
+            engine.dispose()
+    return _check(url_or_engine, url_or_engine.url.render_as_string(hide_password=False))
+
+
+def _check(engine: Engine, url: str) -> str:
+    current = _current(engine)
+    head = head_revision()
+    fix = upgrade_command(url)
+    if current is None:
+        raise SchemaMissingError(
+            f"the database at {render_url(url)} has no spectuner schema: create it with `{fix}`", fix
+        )
+    if current == head:
+        return current
+    known = {rev.revision for rev in script_directory().walk_revisions()}
+    if current not in known:
+        raise SchemaTooNewError(
+            f"the database at {render_url(url)} has schema revision {current!r}, which this "
+            f"spectuner does not know (its newest is {head!r}): it was written by a newer spectuner; "
+            "upgrade spectuner, or point --db at another database"
+        )
+    raise SchemaOutOfDateError(
+        f"the database at {render_url(url)} has schema revision {current!r} but this spectuner "
+        f"needs {head!r}: run `{fix}`",
+        fix,
+    )
+
+
+def upgrade(url: str, revision: str = "head") -> MigrationResult:
+    """Upgrade (creating a SQLite file if needed) to ``revision``; one transaction."""
+    normalized = normalize_db_url(url)
+    path = sqlite_path(normalized)
+    if path is not None and not path.parent.exists():
+        raise RevisionError(
+            f"cannot create {path}: directory {path.parent} does not exist; create it or choose another --db"
+        )
+    return _migrate(normalized, revision, up=True)
+
+
+def downgrade(url: str, revision: str = "-1") -> MigrationResult:
+    """Downgrade to ``revision`` (an id, ``base``, or relative like ``-1``); one transaction."""
+    normalized = normalize_db_url(url)
+    path = sqlite_path(normalized)
+    if path is not None and not path.exists():
+        raise SchemaMissingError(f"no database at {render_url(normalized)}: nothing to downgrade")
+    return _migrate(normalized, revision, up=False)
+
+
+def _migrate(url: str, revision: str, *, up: bool) -> MigrationResult:
+    parse_db_url(url)
+    cfg = alembic_config(url)
+    engine = make_engine(url)
+    try:
+        before = _current(engine)
+        with engine.execution_options(**{WRITE_OPTION: True}).begin() as conn:
+            cfg.attributes["connection"] = conn
+            try:
+                if up:
+                    command.upgrade(cfg, revision)
+                else:
+                    command.downgrade(cfg, revision)
+            except CommandError as exc:
+                known = ", ".join(rev.revision for rev in script_directory().walk_revisions())
+                raise RevisionError(
+                    f"cannot {'upgrade' if up else 'downgrade'} {render_url(url)} to {revision!r} "
+                    f"from {before!r}: {exc}. Known revisions: {known}, plus 'head', 'base' and "
+                    "relative steps like -1"
+                ) from exc
+        after = _current(engine)
+    finally:
+        engine.dispose()
+    return MigrationResult(url=render_url(url), from_revision=before, to_revision=after)
