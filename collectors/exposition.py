@@ -52,9 +52,7 @@ _COUNTER_SAMPLES = {
     f"{PROMPT_TOKENS}_total": PROMPT_TOKENS,
 }
 _GAUGES = {REQUESTS_RUNNING, REQUESTS_WAITING, KV_CACHE_USAGE}
-_HIST_PARTS = {
-    f"{h}{suffix}": (h, suffix) for h in LATENCY_HISTOGRAMS for suffix in ("_bucket", "_count", "_sum")
-}
+_HIST_PARTS = {f"{h}{suffix}": (h, suffix) for h in LATENCY_HISTOGRAMS for suffix in ("_bucket", "_count", "_sum")}
 _ENGINE_LABELS = ("model_name", "engine")
 # Fractional parts this small are float noise on an integer count, not a fractional count.
 _INTEGRAL_TOLERANCE = 1e-6
@@ -209,9 +207,7 @@ def _parse_labels(labels_text: str, src: str) -> dict[str, str]:
         try:
             return parse_labels(inner)
         except ValueError as exc:
-            raise ScrapeError(
-                ScrapeErrorReason.MALFORMED, f"bad labels {labels_text[:120]!r}", source=src
-            ) from exc
+            raise ScrapeError(ScrapeErrorReason.MALFORMED, f"bad labels {labels_text[:120]!r}", source=src) from exc
     labels: dict[str, str] = {}
     pos = 0
     for m in _LABEL.finditer(inner):
@@ -258,9 +254,7 @@ def parse_metrics_page(text: str, *, url: str, ts: datetime, source: str = "") -
             )
         seen.add(series)
         if name == CACHE_CONFIG_INFO:
-            cache_config[labels.get("engine", "0")] = {
-                k: v for k, v in labels.items() if k not in _ENGINE_LABELS
-            }
+            cache_config[labels.get("engine", "0")] = {k: v for k, v in labels.items() if k not in _ENGINE_LABELS}
             return
         model = labels.get("model_name")
         if model is None:
@@ -417,9 +411,7 @@ def spec_inconsistency(c: SpecCounters) -> str | None:
     return None
 
 
-def _histogram(
-    key: EngineKey, name: str, h: _Hist, src: str
-) -> tuple[tuple[tuple[float, float], ...], float, float]:
+def _histogram(key: EngineKey, name: str, h: _Hist, src: str) -> tuple[tuple[tuple[float, float], ...], float, float]:
     if h.count is None or h.sum is None or math.inf not in h.buckets:
         raise ScrapeError(
             ScrapeErrorReason.INCONSISTENT,
@@ -451,9 +443,7 @@ def _parse_le(le: str | None, name: str, labels: dict[str, str], src: str) -> fl
     except ValueError:
         bound = math.nan
     if math.isnan(bound):
-        raise ScrapeError(
-            ScrapeErrorReason.MALFORMED, f"{_fmt(name, labels)}: bad or missing 'le' label", source=src
-        )
+        raise ScrapeError(ScrapeErrorReason.MALFORMED, f"{_fmt(name, labels)}: bad or missing 'le' label", source=src)
     return bound
 
 

@@ -37,9 +37,7 @@ def read_dump(path: Path) -> list[EngineSample]:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError as exc:
-        raise DumpError(
-            f"{path}: no such file; save one with `curl -s http://HOST:PORT/metrics > {path}`"
-        ) from exc
+        raise DumpError(f"{path}: no such file; save one with `curl -s http://HOST:PORT/metrics > {path}`") from exc
     except (OSError, UnicodeDecodeError) as exc:
         raise DumpError(f"{path}: cannot read it ({exc})") from exc
     try:
@@ -81,9 +79,7 @@ def engine_counters(first: list[EngineSample], second: list[EngineSample] | None
                 cur.key.engine,
                 window.spec,
                 reset=window.reset,
-                note=f"restarted between the dumps ({cause.detail}): counted since the restart"
-                if cause
-                else "",
+                note=f"restarted between the dumps ({cause.detail}): counted since the restart" if cause else "",
             )
         )
     return out

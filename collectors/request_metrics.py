@@ -134,9 +134,7 @@ class StreamTail:
         """The last ``data:`` event that mentions usage or metrics, parsed."""
         text = bytes(self._buf).replace(b"\r\n", b"\n")
         for event in reversed(text.split(b"\n\n")):
-            data = b"\n".join(
-                line[5:].lstrip(b" ") for line in event.split(b"\n") if line.startswith(b"data:")
-            )
+            data = b"\n".join(line[5:].lstrip(b" ") for line in event.split(b"\n") if line.startswith(b"data:"))
             if not data or data.strip() == b"[DONE]":
                 continue
             if b'"usage"' not in data and b'"metrics"' not in data:

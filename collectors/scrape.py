@@ -170,9 +170,7 @@ class Collector:
         try:
             return body.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise ScrapeError(
-                ScrapeErrorReason.MALFORMED, f"body is not UTF-8 ({exc})", source=self.url
-            ) from exc
+            raise ScrapeError(ScrapeErrorReason.MALFORMED, f"body is not UTF-8 ({exc})", source=self.url) from exc
 
     def scrape(self) -> list[EngineSample]:
         """Fetch and parse one page; raises ``ScrapeError``. Does not touch the baseline."""

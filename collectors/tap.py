@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import logging
 import time
-import urllib.request
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
-from http.cookiejar import Cookie, CookieJar, CookiePolicy
 
 import anyio
 import httpx
@@ -61,30 +59,11 @@ _METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "HEAD"]
 # Whole bodies up to this size are read before answering (one write to the client, cheapest for
 # ordinary JSON); larger or unsized bodies and SSE streams are passed through chunk by chunk.
 _BUFFER_LIMIT_BYTES = 1024 * 1024
-
-
-class _NoCookies(CookiePolicy):
-    """Accept no cookie, send no cookie: headers pass through, the client keeps no state."""
-
-    netscape = True
-    rfc2965 = False
-    hide_cookie2 = False
-
-    def set_ok(self, cookie: Cookie, request: urllib.request.Request) -> bool:
-        return False
-
-    def return_ok(self, cookie: Cookie, request: urllib.request.Request) -> bool:
-        return False
-
-    def domain_return_ok(self, domain: str, request: urllib.request.Request) -> bool:
-        return False
-
-    def path_return_ok(self, path: str, request: urllib.request.Request) -> bool:
-        return False
+_URL_CACHE_SIZE = 1024
 
 
 # "lean": collectors.upstream (asyncio streams; a fraction of the CPU per request); "httpcore":
-# httpx's default transport, kept for comparison (bench/bench_tap.py) and as a fallback.
+# httpx's own transport, kept for comparison (bench/bench_tap.py) and as a fallback.
 TRANSPORTS = ("lean", "httpcore")
 
 
@@ -128,35 +107,43 @@ class TapProxy:
         self.transport = transport
         # Generation can pause for long stretches (queueing, long prompts): no read timeout by
         # default, as for a client talking to vLLM directly.
-        self._client = httpx.AsyncClient(
-            base_url=self.upstream,
-            timeout=httpx.Timeout(connect=connect_timeout_s, read=read_timeout_s, write=60.0, pool=60.0),
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
-            transport=UpstreamTransport(connect_timeout_s=connect_timeout_s, read_timeout_s=read_timeout_s)
+        self._timeouts = {"connect": connect_timeout_s, "read": read_timeout_s, "write": 60.0, "pool": 60.0}
+        # The proxy sends httpx Requests straight to an httpx transport: the AsyncClient layer on top
+        # (base-URL merging, cookie jar, default headers, redirects, auth) is what a proxy must not
+        # do, and it costs a few hundred microseconds a request.
+        self._transport: httpx.AsyncBaseTransport = (
+            UpstreamTransport(connect_timeout_s=connect_timeout_s, read_timeout_s=read_timeout_s)
             if transport == "lean"
-            else None,
-            follow_redirects=False,
-            # A proxy must not keep cookies: one client's Set-Cookie would ride on everyone's requests.
-            cookies=CookieJar(policy=_NoCookies()),
-            trust_env=False,
+            else httpx.AsyncHTTPTransport(
+                limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+            )
         )
-        # httpx adds Accept, Accept-Encoding, Connection and User-Agent to every request; a proxy
-        # must send the client's headers, not its own.
-        for name in list(self._client.headers.keys()):
-            del self._client.headers[name]
+        self._base = httpx.URL(self.upstream)
+        self._urls: dict[bytes, httpx.URL] = {}
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        await self._transport.aclose()
+
+    def _upstream_url(self, target: bytes) -> httpx.URL:
+        """The upstream URL for a request target; parsing a URL costs more than the rest of the
+        request line, and clients hit a handful of paths, so parsed ones are kept (bounded)."""
+        url = self._urls.get(target)
+        if url is None:
+            url = self._base.copy_with(raw_path=self._base.raw_path.rstrip(b"/") + target)
+            if len(self._urls) >= _URL_CACHE_SIZE:
+                self._urls.clear()
+            self._urls[target] = url
+        return url
 
     async def handle(self, request: Request) -> Response:
         started = time.perf_counter()
         self.stats.requests += 1
-        path = request.url.path
+        path: str = request.scope["path"]
         # The target exactly as the client sent it (percent-encoding and all), not re-encoded.
         query = request.scope.get("query_string", b"")
         target = (request.scope.get("raw_path") or path.encode()) + (b"?" + query if query else b"")
         try:
-            url = httpx.URL(raw_path=target)
+            url = self._upstream_url(target)
         except (UnicodeDecodeError, httpx.InvalidURL) as exc:
             self.stats.upstream_errors["bad_request_target"] += 1
             return JSONResponse(
@@ -171,9 +158,11 @@ class TapProxy:
             )
         headers = [(k, v) for k, v in request.headers.raw if k.lower() not in _REQUEST_DROP]
         body = await request.body()
-        upstream_request = self._client.build_request(request.method, url, headers=headers, content=body)
+        upstream_request = httpx.Request(
+            request.method, url, headers=headers, content=body, extensions={"timeout": self._timeouts}
+        )
         try:
-            upstream = await self._client.send(upstream_request, stream=True)
+            upstream = await self._transport.handle_async_request(upstream_request)
         except httpx.TimeoutException as exc:
             return self._upstream_error(504, "upstream_timeout", exc)
         except httpx.HTTPError as exc:

@@ -160,9 +160,7 @@ def _spec_delta(prev: SpecCounters | None, cur: SpecCounters) -> SpecCounters:
         drafts=cur.drafts - prev.drafts,
         draft_tokens=cur.draft_tokens - prev.draft_tokens,
         accepted_tokens=cur.accepted_tokens - prev.accepted_tokens,
-        accepted_per_pos=tuple(
-            c - p for p, c in zip(prev.accepted_per_pos, cur.accepted_per_pos, strict=True)
-        ),
+        accepted_per_pos=tuple(c - p for p, c in zip(prev.accepted_per_pos, cur.accepted_per_pos, strict=True)),
         num_spec_tokens=cur.num_spec_tokens,
         generated_tokens=cur.generated_tokens - prev.generated_tokens,
     )

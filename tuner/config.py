@@ -109,7 +109,7 @@ class SpeculativeSection(_Section):
     @model_validator(mode="after")
     def _model_needed(self) -> SpeculativeSection:
         if self.method in ("draft_model", "eagle", "eagle3") and not self.model:
-            raise ValueError(f"method {self.method!r} needs a draft: set model = \"/path/to/draft\"")
+            raise ValueError(f'method {self.method!r} needs a draft: set model = "/path/to/draft"')
         return self
 
     def to_spec_config(self) -> dict[str, Any]:

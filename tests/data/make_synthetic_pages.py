@@ -105,12 +105,8 @@ def _build_page(
     engines: list[str], k: int | None, requests: int, seed: int, created_s: float, alpha: float = 0.7
 ) -> str:
     reg = CollectorRegistry()
-    running = Gauge(
-        "vllm:num_requests_running", "Number of requests in model execution batches.", LABELS, registry=reg
-    )
-    waiting = Gauge(
-        "vllm:num_requests_waiting", "Number of requests waiting to be processed.", LABELS, registry=reg
-    )
+    running = Gauge("vllm:num_requests_running", "Number of requests in model execution batches.", LABELS, registry=reg)
+    waiting = Gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", LABELS, registry=reg)
     kv = Gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", LABELS, registry=reg)
     prefix_q = Counter(
         "vllm:prefix_cache_queries",
@@ -124,9 +120,7 @@ def _build_page(
         LABELS,
         registry=reg,
     )
-    preempt = Counter(
-        "vllm:num_preemptions", "Cumulative number of preemption from the engine.", LABELS, registry=reg
-    )
+    preempt = Counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.", LABELS, registry=reg)
     prompt = Counter("vllm:prompt_tokens", "Number of prefill tokens processed.", LABELS, registry=reg)
     gen = Counter("vllm:generation_tokens", "Number of generation tokens processed.", LABELS, registry=reg)
     success = Counter(
@@ -244,9 +238,7 @@ def _build_page(
     }
     spec: dict[str, Counter] = {}
     if k is not None:
-        spec["drafts"] = Counter(
-            "vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", LABELS, registry=reg
-        )
+        spec["drafts"] = Counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", LABELS, registry=reg)
         spec["draft_tokens"] = Counter(
             "vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", LABELS, registry=reg
         )

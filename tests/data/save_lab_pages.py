@@ -55,9 +55,7 @@ def main() -> None:
         good.stop()
     for name, draft, k in (("lab_weak_k5.prom", "weak", 5), ("lab_nospec.prom", "none", 0)):
         with LabServer(draft=draft, k=k, workdir=WORK / draft) as server:
-            run_load(
-                server.base_url, server.model_name, PREDICTABLE + HARD, concurrency=4, count=12, max_tokens=48
-            )
+            run_load(server.base_url, server.model_name, PREDICTABLE + HARD, concurrency=4, count=12, max_tokens=48)
             save(server, name)
 
 

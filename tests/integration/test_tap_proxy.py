@@ -533,3 +533,14 @@ def test_the_proxy_adds_no_headers_of_its_own(tap: tuple[ThreadedServer, TapProx
     seen = json.loads(body)
     assert sorted(k for k, _ in seen["headers"]) == ["content-length", "host", "x-only"]
     assert seen["body"] == "abc"
+
+
+def test_an_upstream_with_a_path_prefix_keeps_it(upstream: ThreadedServer) -> None:
+    proxy = TapProxy(f"{upstream.url}/echo/", None)
+    with ThreadedServer(create_tap_app(proxy)) as server:
+        first = httpx.get(f"{server.url}/x/y?z=1").json()
+        again = httpx.get(f"{server.url}/x/y?z=1").json()  # the cached target
+        other = httpx.get(f"{server.url}/other").json()
+    assert (first["raw_path"], first["query"]) == ("/echo/x/y", "z=1")
+    assert again["raw_path"] == "/echo/x/y"
+    assert other["raw_path"] == "/echo/other"

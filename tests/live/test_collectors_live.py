@@ -43,9 +43,7 @@ def engine_counters(metrics_url: str) -> dict[str, float]:
         (line,) = [x for x in text.splitlines() if x.startswith(name + "{")]
         out[key] = float(line.rsplit(" ", 1)[1])
     for line in text.splitlines():
-        m = re.match(
-            r'vllm:spec_decode_num_accepted_tokens_per_pos_total\{.*position="(\d+)".*\} (\S+)$', line
-        )
+        m = re.match(r'vllm:spec_decode_num_accepted_tokens_per_pos_total\{.*position="(\d+)".*\} (\S+)$', line)
         if m:
             out[f"pos{m.group(1)}"] = float(m.group(2))
     return out
@@ -112,15 +110,11 @@ def test_stored_windows_add_up_to_the_engine_counters_under_load(lab_engine: Any
 
 def test_tap_records_sum_to_the_engine_counters(lab_engine: Any, db_url: str) -> None:
     with Store(db_url) as store:
-        writer: BatchWriter[RequestRecord] = BatchWriter(
-            store.write_requests, name="live", flush_interval_s=0.1
-        )
+        writer: BatchWriter[RequestRecord] = BatchWriter(store.write_requests, name="live", flush_interval_s=0.1)
         proxy = TapProxy(lab_engine.base_url, writer)
         with _serve(create_tap_app(proxy)) as tap_url:
             before = engine_counters(lab_engine.metrics_url)
-            load = run_load(
-                tap_url, lab_engine.model_name, PREDICTABLE + HARD, concurrency=4, count=20, max_tokens=48
-            )
+            load = run_load(tap_url, lab_engine.model_name, PREDICTABLE + HARD, concurrency=4, count=20, max_tokens=48)
             streamed = _stream_through(tap_url, lab_engine.model_name, PREDICTABLE[0], max_tokens=24)
             after = engine_counters(lab_engine.metrics_url)
         # The tap's shutdown flushed the writer.
@@ -136,9 +130,7 @@ def test_tap_records_sum_to_the_engine_counters(lab_engine: Any, db_url: str) ->
     seen = load.spec_totals()
     stream_spec = streamed["metrics"]["speculative_decoding"]
     assert sum(r.num_spec_steps for r in records) == seen["drafts"] + stream_spec["num_spec_steps"]
-    assert all(
-        r.num_spec_tokens == lab_engine.k and len(r.acceptance_histogram) == lab_engine.k + 1 for r in records
-    )
+    assert all(r.num_spec_tokens == lab_engine.k and len(r.acceptance_histogram) == lab_engine.k + 1 for r in records)
     assert all(r.per_step_accepted is not None for r in records)  # the lab runs the detailed level
 
 
@@ -188,9 +180,7 @@ class _serve:
     def __init__(self, asgi: Any) -> None:
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
-        self.server = uvicorn.Server(
-            uvicorn.Config(asgi, log_level="warning", access_log=False, lifespan="on")
-        )
+        self.server = uvicorn.Server(uvicorn.Config(asgi, log_level="warning", access_log=False, lifespan="on"))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
     def __enter__(self) -> str:

@@ -21,8 +21,7 @@ from collectors.window import window_between
 DATA = Path(__file__).parents[1] / "data"
 # Real pages from the lab engine first; synthetic multi-engine pages too.
 PAGES = [p.read_text() for p in sorted(DATA.glob("lab_*.prom"))] + [
-    (DATA / n).read_text()
-    for n in ("synthetic_dp2_k3_a.prom", "synthetic_dp2_k3_b.prom", "synthetic_k5.prom")
+    (DATA / n).read_text() for n in ("synthetic_dp2_k3_a.prom", "synthetic_dp2_k3_b.prom", "synthetic_k5.prom")
 ]
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
 NASTY_VALUES = [
@@ -59,9 +58,7 @@ def mutated_page(draw: st.DrawFn) -> str:
     text = draw(st.sampled_from(PAGES))
     lines = text.split("\n")
     for _ in range(draw(st.integers(1, 4))):
-        kind = draw(
-            st.sampled_from(["value", "char", "delete", "duplicate", "truncate", "swap", "drop", "labels"])
-        )
+        kind = draw(st.sampled_from(["value", "char", "delete", "duplicate", "truncate", "swap", "drop", "labels"]))
         i = draw(st.integers(0, len(lines) - 1))
         line = lines[i]
         if kind == "value" and " " in line and not line.startswith("#"):
@@ -87,9 +84,7 @@ def mutated_page(draw: st.DrawFn) -> str:
         elif kind == "drop":
             del lines[i]
         elif kind == "labels" and "{" in line:
-            lines[i] = line.replace(
-                'engine="0"', draw(st.sampled_from(['engine="1"', "", 'engine=""', "engine=0"]))
-            )
+            lines[i] = line.replace('engine="0"', draw(st.sampled_from(['engine="1"', "", 'engine=""', "engine=0"])))
         if not lines:
             lines = [""]
     return "\n".join(lines)
@@ -139,10 +134,6 @@ def test_arbitrary_bytes_never_crash(raw: bytes, newline: bool) -> None:
 
 
 @settings(max_examples=150, deadline=None)
-@given(
-    st.lists(
-        st.sampled_from([*NASTY_TEXT, "vllm:generation_tokens_total", "1", " 2", "model_name=", "engine"])
-    )
-)
+@given(st.lists(st.sampled_from([*NASTY_TEXT, "vllm:generation_tokens_total", "1", " 2", "model_name=", "engine"])))
 def test_arbitrary_token_soup_never_crashes(tokens: list[str]) -> None:
     parse("".join(tokens) + "\n")

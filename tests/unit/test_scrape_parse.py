@@ -59,9 +59,7 @@ def test_two_engine_page_gives_one_sample_per_engine_with_the_page_values() -> N
         assert s.spec is not None
         assert s.spec.drafts == naive_value(text, "vllm:spec_decode_num_drafts_total", engine=e)
         assert s.spec.draft_tokens == naive_value(text, "vllm:spec_decode_num_draft_tokens_total", engine=e)
-        assert s.spec.accepted_tokens == naive_value(
-            text, "vllm:spec_decode_num_accepted_tokens_total", engine=e
-        )
+        assert s.spec.accepted_tokens == naive_value(text, "vllm:spec_decode_num_accepted_tokens_total", engine=e)
         assert s.spec.accepted_per_pos == tuple(
             naive_value(text, "vllm:spec_decode_num_accepted_tokens_per_pos_total", engine=e, position=str(p))
             for p in range(3)
@@ -81,9 +79,7 @@ def test_two_engine_page_gives_one_sample_per_engine_with_the_page_values() -> N
         assert count == naive_value(text, "vllm:e2e_request_latency_seconds_count", engine=e)
         assert total == naive_value(text, "vllm:e2e_request_latency_seconds_sum", engine=e)
         assert buckets[-1] == (math.inf, count)
-        assert dict(buckets)[1.0] == naive_value(
-            text, "vllm:e2e_request_latency_seconds_bucket", engine=e, le="1.0"
-        )
+        assert dict(buckets)[1.0] == naive_value(text, "vllm:e2e_request_latency_seconds_bucket", engine=e, le="1.0")
 
 
 def test_page_without_spec_metrics_means_speculation_off() -> None:
@@ -115,15 +111,11 @@ def test_real_lab_pages_match_a_naive_reading(path: Path) -> None:
         assert s.generation_tokens == naive_value(text, "vllm:generation_tokens_total", **labels)
         if s.spec is not None:
             assert s.spec.drafts == naive_value(text, "vllm:spec_decode_num_drafts_total", **labels)
-            assert s.spec.accepted_tokens == naive_value(
-                text, "vllm:spec_decode_num_accepted_tokens_total", **labels
-            )
+            assert s.spec.accepted_tokens == naive_value(text, "vllm:spec_decode_num_accepted_tokens_total", **labels)
 
 
 def test_escaped_label_values_are_read_by_prometheus_rules() -> None:
-    text = page("synthetic_nospec.prom").replace(
-        'model_name="target"', 'model_name="my \\"big\\" model\\\\v1"'
-    )
+    text = page("synthetic_nospec.prom").replace('model_name="target"', 'model_name="my \\"big\\" model\\\\v1"')
     (sample,) = parse(text)
     assert sample.key.model_name == 'my "big" model\\v1'
     assert sample.histograms[E2E_LATENCY][1] > 0  # bucket lines took the general label path
@@ -180,9 +172,7 @@ GEN = "vllm:generation_tokens_total"
         ),
         (lambda t: t + t.splitlines()[2] + "\n", ScrapeErrorReason.DUPLICATE_SERIES),
         (
-            lambda t: t.replace(
-                "\n# HELP vllm:generation_tokens_total", "\nthis is not prometheus\n# HELP x", 1
-            ),
+            lambda t: t.replace("\n# HELP vllm:generation_tokens_total", "\nthis is not prometheus\n# HELP x", 1),
             ScrapeErrorReason.MALFORMED,
         ),
         (lambda t: replace_value(t, GEN, "12abc"), ScrapeErrorReason.MALFORMED),

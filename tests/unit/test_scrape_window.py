@@ -43,9 +43,7 @@ def test_window_is_the_difference_of_the_two_pages() -> None:
         assert window.prompt_tokens == cur.prompt_tokens - prev.prompt_tokens
         assert window.requests_running == cur.requests_running
         assert window.e2e_latency is not None
-        assert (
-            window.e2e_latency.count == cur.histograms[E2E_LATENCY][1] - prev.histograms[E2E_LATENCY][1] == 60
-        )
+        assert window.e2e_latency.count == cur.histograms[E2E_LATENCY][1] - prev.histograms[E2E_LATENCY][1] == 60
         assert window.ttft is not None and window.itl is not None
 
 

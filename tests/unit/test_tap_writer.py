@@ -92,6 +92,18 @@ def test_a_batch_that_keeps_failing_is_dropped_and_counted_and_later_ones_still_
     assert writer.stats.dropped_write_failed == 1 and writer.stats.write_errors == 3
 
 
+def test_records_arriving_together_are_written_in_one_batch() -> None:
+    sink = ListSink()
+    writer = BatchWriter(sink.write, linger_s=0.3, flush_interval_s=0.05)
+    writer.start()
+    for i in range(5):
+        writer.submit(i)
+        time.sleep(0.02)  # trickling in, as requests finish one by one
+    assert writer.flush(10)
+    writer.close()
+    assert sink.batches == [[0, 1, 2, 3, 4]]
+
+
 def test_close_writes_what_is_still_queued() -> None:
     sink = ListSink()
     writer = BatchWriter(sink.write, flush_interval_s=5.0)  # a long interval: only close flushes
@@ -118,6 +130,7 @@ def test_never_started_writer_writes_on_close() -> None:
         {"max_attempts": 0},
         {"flush_interval_s": 0},
         {"retry_delay_s": -1},
+        {"linger_s": -0.1},
     ],
 )
 def test_bad_settings_name_the_value(kwargs: dict[str, float]) -> None:

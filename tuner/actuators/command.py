@@ -75,10 +75,17 @@ class CommandActuator(Actuator):
         refusal = answer_refusal(done.stdout)
         if refusal is not None:
             return ApplyResult(
-                ApplyStatus.FAILED, f"command {self.argv[0]} refused the config: {refusal}", self.current,
+                ApplyStatus.FAILED,
+                f"command {self.argv[0]} refused the config: {refusal}",
+                self.current,
                 detail=done.stdout[-2000:],
             )
         self.current = dict(config)
         log.info("command actuator: %s applied the config in %.1f s", self.argv[0], elapsed_s)
-        return ApplyResult(ApplyStatus.APPLIED, f"command {self.argv[0]} applied the config", self.current, None,
-                           detail=done.stdout[-2000:])
+        return ApplyResult(
+            ApplyStatus.APPLIED,
+            f"command {self.argv[0]} applied the config",
+            self.current,
+            None,
+            detail=done.stdout[-2000:],
+        )

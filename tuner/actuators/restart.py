@@ -8,22 +8,23 @@ config that worked before can still serve.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
+import signal
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from tuner.actuators.base import Actuator, ApplyResult, ApplyStatus, SpecConfig, config_fingerprint
-from tuner.engine.process import EngineProcess, EngineStartError
+from tuner.engine.process import EngineProcess, EngineStartError, group_alive
 
 log = logging.getLogger(__name__)
 
 
-def server_argv(
-    base_argv: Sequence[str], config: SpecConfig | None, shutdown_timeout_s: float | None
-) -> list[str]:
+def server_argv(base_argv: Sequence[str], config: SpecConfig | None, shutdown_timeout_s: float | None) -> list[str]:
     """The server command line for ``config`` (``method = "off"`` or None: no speculation)."""
     argv = list(base_argv)
     if shutdown_timeout_s is not None:
@@ -31,6 +32,29 @@ def server_argv(
     if config is not None and config.get("method") not in (None, "off"):
         argv += ["--speculative-config", json.dumps(config, sort_keys=True)]
     return argv
+
+
+def _alive_reaping(pgid: int) -> bool:
+    """Whether any process of group ``pgid`` still runs. Zombies do not count: an orphaned engine's
+    exited processes wait for whoever adopted them (PID 1 in a container may never reap them)."""
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pgid, os.WNOHANG)  # our own exited child: reap it
+    if not group_alive(pgid):
+        return False
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return True
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) ": state ppid pgrp ...
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
+            return True
+    return False
 
 
 class RestartActuator(Actuator):
@@ -64,12 +88,39 @@ class RestartActuator(Actuator):
         self._lock = threading.RLock()
 
     # -- process handling --------------------------------------------------------------------------
+    @property
+    def pid_path(self) -> Path:
+        """Where the engine's process-group id is kept, so a daemon killed with SIGKILL can find and
+        stop its orphaned engine on the next start instead of colliding with it on the port."""
+        return self.log_path.with_name(self.log_path.name + ".pid")
+
+    def reap_orphan(self) -> int | None:
+        """Stop an engine left running by a previous daemon (from the pid file). Returns its pgid."""
+        try:
+            pgid = int(self.pid_path.read_text().strip())
+        except (OSError, ValueError):
+            return None
+        if pgid <= 1 or pgid == os.getpgrp() or not group_alive(pgid):
+            self.pid_path.unlink(missing_ok=True)
+            return None
+        log.warning("restart actuator: stopping the engine left by a previous daemon (pgid %s)", pgid)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGTERM)
+        deadline = time.monotonic() + self.shutdown_timeout_s + 10.0
+        while _alive_reaping(pgid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if _alive_reaping(pgid):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)
+            while _alive_reaping(pgid) and time.monotonic() < deadline + 5.0:
+                time.sleep(0.1)
+        self.pid_path.unlink(missing_ok=True)
+        return pgid
+
     def _launch(self, config: SpecConfig | None) -> float:
         """Start the server with ``config`` and wait until healthy; returns seconds to healthy.
         Raises :class:`EngineStartError` (the failed process group is already stopped)."""
-        argv = server_argv(
-            self.base_argv, config, self.shutdown_timeout_s if self.pass_shutdown_timeout else None
-        )
+        argv = server_argv(self.base_argv, config, self.shutdown_timeout_s if self.pass_shutdown_timeout else None)
         self.process = EngineProcess(
             argv=argv,
             health_url=self.health_url,
@@ -79,6 +130,7 @@ class RestartActuator(Actuator):
             stop_timeout_s=self.shutdown_timeout_s + 10.0,
         )
         self.process.start()
+        self.pid_path.write_text(f"{self.process.pid}\n")
         try:
             return self.process.wait_healthy()
         except EngineStartError:
@@ -89,6 +141,7 @@ class RestartActuator(Actuator):
         if self.process is not None:
             self.process.stop()
             self.process = None
+            self.pid_path.unlink(missing_ok=True)  # only ours: a previous daemon's is reaped, not forgotten
 
     def healthy(self) -> bool:
         proc = self.process
@@ -101,6 +154,7 @@ class RestartActuator(Actuator):
             if self.healthy() and config_fingerprint(config) == config_fingerprint(self.current):
                 return ApplyResult(ApplyStatus.UNCHANGED, "the engine already runs this config", self.current, 0.0)
             self._stop()
+            self.reap_orphan()
             try:
                 waited_s = self._launch(config)
             except EngineStartError as exc:
@@ -126,7 +180,9 @@ class RestartActuator(Actuator):
             self.current = self.last_good = dict(config)
             log.info("restart actuator: new config healthy after %.1f s of downtime", downtime_s)
             return ApplyResult(
-                ApplyStatus.APPLIED, f"engine restarted with the new config in {downtime_s:.1f} s", self.current,
+                ApplyStatus.APPLIED,
+                f"engine restarted with the new config in {downtime_s:.1f} s",
+                self.current,
                 downtime_s,
             )
 
@@ -156,8 +212,7 @@ class RestartActuator(Actuator):
         downtime_s = time.monotonic() - t0
         return ApplyResult(
             ApplyStatus.ROLLED_BACK,
-            f"the new config did not come up ({error}); the last good config is serving again after "
-            f"{downtime_s:.1f} s",
+            f"the new config did not come up ({error}); the last good config is serving again after {downtime_s:.1f} s",
             self.current,
             downtime_s,
             detail=error.log_tail,
@@ -181,7 +236,9 @@ class RestartActuator(Actuator):
                 )
             self.current = dict(self.last_good)
             return ApplyResult(
-                ApplyStatus.APPLIED, "the engine had stopped; restarted with the last good config", self.current,
+                ApplyStatus.APPLIED,
+                "the engine had stopped; restarted with the last good config",
+                self.current,
                 time.monotonic() - t0,
             )
 

@@ -115,9 +115,7 @@ def _print_human(result: dict[str, Any], by_engine: bool) -> None:
     table = Table(title="Speculative decoding acceptance", title_justify="left")
     table.add_column("quantity")
     for col in columns:
-        name = (
-            f"{col['model_name']}/{col['engine']}" if by_engine else f"{result['engines_summed']} engine(s)"
-        )
+        name = f"{col['model_name']}/{col['engine']}" if by_engine else f"{result['engines_summed']} engine(s)"
         table.add_column(name, justify="right")
     for label, key, digits in _ROWS:
         cells = [_fmt(col.get(key), digits) if col.get("speculation", True) else "off" for col in columns]
@@ -127,9 +125,7 @@ def _print_human(result: dict[str, Any], by_engine: bool) -> None:
         out_console.print(result["message"], highlight=False)
     for col in columns:
         if col.get("note"):
-            out_console.print(
-                f"[yellow]note:[/] {col['model_name']}/{col['engine']}: {col['note']}", highlight=False
-            )
+            out_console.print(f"[yellow]note:[/] {col['model_name']}/{col['engine']}: {col['note']}", highlight=False)
     if not by_engine and result.get("reset"):
         out_console.print(
             "[yellow]note:[/] an engine restarted between the dumps; its counts start at the restart.",

@@ -1,9 +1,83 @@
-"""`spectuner run` (placeholder until the controller lands; its owner replaces this file)."""
+"""`spectuner run --config spectuner.toml`: the sidecar daemon (collect, decide, act, verify).
+
+Heavy modules (the store, APScheduler, the controller) are imported inside the command so that
+``spectuner --help`` stays fast.
+"""
 
 from __future__ import annotations
 
+import json
+import sys
+from pathlib import Path
+
 import typer
+
+from tuner.cli.common import fail_runtime, fail_usage
+
+
+def run(
+    config: Path = typer.Option(
+        ..., "--config", "-c", help="The daemon's TOML config (see docs/spectuner.example.toml)."
+    ),
+    db: str | None = typer.Option(
+        None, "--db", help="Database URL (default: [database] url, $SPECTUNER_DB, else spectuner.db beside the config)."
+    ),
+    check: bool = typer.Option(False, "--check", help="Validate the config and the database, print them, and exit."),
+    as_json: bool = typer.Option(False, "--json", help="Print each decision as one JSON line (and --check as JSON)."),
+) -> None:
+    """Run the sidecar: scrape the engine, decide, apply through the actuator, verify, audit."""
+    from tuner.config import ConfigError, load_config
+    from tuner.store import DatabaseUrlError, SchemaError, Store, resolve_db_url
+
+    try:
+        cfg = load_config(config)
+    except ConfigError as exc:
+        fail_usage(str(exc))
+    try:
+        url = resolve_db_url(db or cfg.database.url, config)
+        store = Store(url)
+    except (DatabaseUrlError, SchemaError) as exc:
+        fail_usage(str(exc))
+    except Exception as exc:  # the database cannot be reached: a runtime failure, not a usage error
+        fail_runtime(f"cannot open the database: {type(exc).__name__}: {exc}")
+
+    if check:
+        summary = {
+            "config": str(config),
+            "db": repr(store),
+            "mode": cfg.controller.mode.value,
+            "actuator": cfg.actuator.kind,
+            "metrics_url": cfg.engine.metrics_url,
+            "speculative_config": cfg.speculative.to_spec_config(),
+        }
+        store.close()
+        if as_json:
+            sys.stdout.write(json.dumps(summary) + "\n")
+        else:
+            for k, v in summary.items():
+                typer.echo(f"{k}: {v}")
+        return
+
+    from tuner.controller.reconcile import TickResult
+    from tuner.daemon import Daemon, DaemonStartError
+
+    def show(result: TickResult) -> None:
+        if result.action in ("hold", "none"):
+            return  # a quiet controller is the normal case; the audit log has the decisions
+        if as_json:
+            sys.stdout.write(json.dumps(result.__dict__) + "\n")
+        else:
+            typer.echo(f"[{result.action}] {result.reason}: {result.message}")
+        sys.stdout.flush()
+
+    daemon = Daemon(cfg, store, on_tick=show)
+    try:
+        daemon.run()
+    except DaemonStartError as exc:
+        fail_runtime(str(exc))
+    finally:
+        store.close()
 
 
 def register(app: typer.Typer) -> None:
-    return None
+    app.command("run")(run)

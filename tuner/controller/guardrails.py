@@ -4,7 +4,7 @@ Each rail is a pure function of (settings, state, proposal, now) that returns ``
 change through or a :class:`Block` naming why not. :func:`check_guardrails` runs them in a fixed,
 visible order — the cheapest, most fundamental first — and returns the first block:
 
-    paused → pending verification → evidence → gain (hysteresis on size) → streak (hysteresis in time)
+    paused → pending verification → known bad → evidence → gain (hysteresis on size) → streak (hysteresis in time)
     → cooldown → changes per hour → switching cost → maintenance window
 
 Nothing here reads the clock: ``now`` is always passed in.
@@ -20,6 +20,7 @@ from enum import StrEnum
 class BlockReason(StrEnum):
     PAUSED = "paused"
     PENDING_VERIFICATION = "pending_verification"
+    KNOWN_BAD = "known_bad"
     INSUFFICIENT_EVIDENCE = "insufficient_evidence"
     GAIN_TOO_SMALL = "gain_too_small"
     NOT_PERSISTENT = "not_persistent"
@@ -65,7 +66,8 @@ class ControllerState:
     pending_verification: bool = False
     change_times: tuple[datetime, ...] = ()  # when configs we applied took effect, any order
     streak_target: str | None = None  # the last proposal's target (a config fingerprint)
-    streak_count: int = 0  # how many decisions in a row proposed it, this one included
+    streak_count: int = 0  # how many decisions in a row proposed it, before this one
+    failed_targets: frozenset[str] = frozenset()  # fingerprints that failed or regressed recently
 
     @property
     def last_change_at(self) -> datetime | None:
@@ -106,6 +108,15 @@ def check_pending(s: GuardrailSettings, st: ControllerState, p: Proposal, now: d
         return Block(
             BlockReason.PENDING_VERIFICATION,
             "The previous change is still in its evaluation window; no new change until it is verified.",
+        )
+    return None
+
+
+def check_known_bad(s: GuardrailSettings, st: ControllerState, p: Proposal, now: datetime) -> Block | None:
+    if p.target in st.failed_targets:
+        return Block(
+            BlockReason.KNOWN_BAD,
+            "This config failed to start or regressed recently; it is not tried again until that ages out.",
         )
     return None
 
@@ -215,6 +226,7 @@ def check_maintenance(s: GuardrailSettings, st: ControllerState, p: Proposal, no
 RAILS = (
     check_paused,
     check_pending,
+    check_known_bad,
     check_evidence,
     check_gain,
     check_streak,

@@ -65,8 +65,10 @@ def judge(
         )
     if gain > 1.0 and mean_a - mean_b > z * se:
         return Verdict(
-            VerifyReason.IMPROVED, f"Throughput rose from {mean_b:.1f} to {mean_a:.1f} tokens/s ({gain:.3f}×).",
-            gain, False,
+            VerifyReason.IMPROVED,
+            f"Throughput rose from {mean_b:.1f} to {mean_a:.1f} tokens/s ({gain:.3f}×).",
+            gain,
+            False,
         )
     return Verdict(
         VerifyReason.NO_WORSE,

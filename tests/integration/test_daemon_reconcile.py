@@ -1,0 +1,349 @@
+"""The reconcile step on a real store (SQLite and PostgreSQL) with a fake actuator at our seam and a
+fake clock: decide → guardrails → apply → audit → events; verify → rollback; pause, override, recovery."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from collectors.records import EngineKey, EventRecord, WindowRecord
+from policies.counters import SpecCounters
+from tuner.actuators.base import Actuator, ApplyResult, ApplyStatus, SpecConfig, config_fingerprint
+from tuner.controller import manual
+from tuner.controller.guardrails import GuardrailSettings
+from tuner.controller.policy import PolicySettings
+from tuner.controller.reconcile import CHANGE, Controller, ControllerSettings, config_record
+from tuner.store import AppliedBy, DecisionRecord, DecisionStatus, Store
+
+URL = "http://127.0.0.1:8000/metrics"
+KEY = EngineKey(URL, "fake-target", "0")
+T0 = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
+K2 = {"method": "draft_model", "model": "/drafts/good", "num_speculative_tokens": 2}
+K8 = {**K2, "num_speculative_tokens": 8}
+
+
+class FakeClock:
+    def __init__(self, now: datetime) -> None:
+        self.now = now
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> datetime:
+        self.now += timedelta(seconds=seconds)
+        return self.now
+
+
+class FakeActuator(Actuator):
+    """Our seam: records what it was asked; ``outcome`` decides what the 'engine' did."""
+
+    kind = "restart"
+
+    def __init__(self, current: SpecConfig, clock: FakeClock, outcome: ApplyStatus = ApplyStatus.APPLIED) -> None:
+        super().__init__()
+        self.current = dict(current)
+        self.clock = clock
+        self.outcome = outcome
+        self.applied: list[SpecConfig] = []
+
+    def apply(self, config: SpecConfig) -> ApplyResult:
+        unchanged = self._unchanged(config)
+        if unchanged:
+            return unchanged
+        self.applied.append(dict(config))
+        self.clock.advance(30)  # a restart takes time; the controller must stamp the config after it
+        if self.outcome is ApplyStatus.APPLIED:
+            self.current = dict(config)
+            return ApplyResult(ApplyStatus.APPLIED, "restarted", self.current, 30.0)
+        if self.outcome is ApplyStatus.ROLLED_BACK:
+            return ApplyResult(
+                ApplyStatus.ROLLED_BACK,
+                "did not come up; old config back",
+                self.current,
+                45.0,
+                detail="error: draft model path does not exist",
+            )
+        return ApplyResult(ApplyStatus.FAILED, "engine down", None)
+
+
+def iid(alpha: float, k: int, drafts: int) -> SpecCounters:
+    per_pos = tuple(int(drafts * alpha ** (i + 1)) for i in range(k))
+    return SpecCounters(drafts, drafts * k, sum(per_pos), per_pos)
+
+
+def write_windows(store: Store, start: datetime, n: int, *, k: int, rate: float, alpha: float = 0.8) -> datetime:
+    """n windows of 10 s from ``start`` at ``rate`` generated tokens/s (±1% so the noise is not zero)."""
+    recs = [
+        WindowRecord(
+            key=KEY,
+            start=start + timedelta(seconds=10 * i),
+            end=start + timedelta(seconds=10 * (i + 1)),
+            spec=iid(alpha, k, 200) if k else None,
+            generation_tokens=10 * rate * (1.0 + 0.01 * ((i % 3) - 1)),
+            requests_running=1.0,
+        )
+        for i in range(n)
+    ]
+    store.write_windows(recs)
+    return start + timedelta(seconds=10 * n)
+
+
+SETTINGS = ControllerSettings(
+    metrics_url=URL,
+    mode="auto",
+    evidence_window_s=300,
+    verify_window_s=120,
+    regression_tolerance=0.05,
+    guardrails=GuardrailSettings(
+        min_drafts=1000,
+        min_evidence_s=60,
+        hysteresis_ticks=2,
+        cooldown_s=600,
+        max_changes_per_hour=4,
+        restart_downtime_s=60,
+        payback_horizon_s=3600,
+    ),
+    policy=PolicySettings(k_max=8, cost_ratio=0.05),
+)
+
+
+@pytest.fixture
+def world(db_url: str) -> Iterator[tuple[Store, FakeClock, FakeActuator]]:
+    store = Store(db_url)
+    clock = FakeClock(T0)
+    store.record_config(KEY, config_record(K2, T0, AppliedBy.STARTUP))
+    clock.now = write_windows(store, T0, 30, k=2, rate=100.0)  # 300 s of K = 2 at α = 0.8
+    try:
+        yield store, clock, FakeActuator(K2, clock)
+    finally:
+        store.close()
+
+
+def controller(store: Store, act: Actuator, clock: FakeClock, **changes: Any) -> Controller:
+    settings = ControllerSettings(**{**SETTINGS.__dict__, **changes})
+    return Controller(store, act, settings, clock)
+
+
+def test_no_engine_yet(db_url: str) -> None:
+    with Store(db_url) as store:
+        clock = FakeClock(T0)
+        result = controller(store, FakeActuator(K2, clock), clock).decide(T0)
+        assert (result.action, result.reason) == ("none", "no_engine")
+
+
+def test_auto_applies_after_the_streak_and_audits_everything(world: tuple[Store, FakeClock, FakeActuator]) -> None:
+    store, clock, act = world
+    ctl = controller(store, act, clock)
+    first = ctl.decide(clock.now)
+    assert (first.action, first.reason) == ("blocked", "not_persistent")
+    assert act.applied == []
+    decided_at = clock.advance(60)
+    second = ctl.decide(decided_at)
+    assert second.action == "applied", second.message
+    assert act.applied == [K8]
+    d = store.decision(second.decision_id or -1)
+    assert d.status == DecisionStatus.APPLIED and d.decision.action == CHANGE
+    assert (
+        d.decision.proposed_config == K8 and d.decision.predicted_gain is not None and d.decision.predicted_gain > 1.2
+    )
+    # the evidence window is the last 300 s: windows ending in (T0 + 60 s, T0 + 300 s], 25 of the 30
+    assert d.decision.inputs["drafts"] == 25 * 200 and d.decision.inputs["current_config"] == K2
+    assert "K 2 → 8" in d.decision.message
+    current = store.current_config(KEY)
+    assert current is not None and current.config.num_spec_tokens == 8
+    assert current.config.applied_by == AppliedBy.RESTART and current.config.decision_id == d.id
+    assert current.config.started_at == decided_at + timedelta(seconds=30)  # stamped when the apply finished
+    [event] = store.events(kind="config_applied")
+    assert event.data["decision_id"] == d.id and event.data["downtime_s"] == 30.0
+    # while the change is being verified the rails hold any further change
+    assert ctl.state(clock.advance(60), [KEY]).pending_verification
+    assert ctl.decide(clock.now).action == "hold"  # and there is no evidence under K = 8 yet anyway
+
+
+def test_advisory_records_once_and_never_acts(world: tuple[Store, FakeClock, FakeActuator]) -> None:
+    store, clock, act = world
+    ctl = controller(store, act, clock, mode="advisory")
+    results = [ctl.decide(clock.advance(60)) for _ in range(4)]
+    assert [r.action for r in results] == ["blocked", "advisory", "advisory", "advisory"]
+    assert act.applied == []
+    rows = store.decisions()
+    assert [r.status for r in rows] == [DecisionStatus.BLOCKED, DecisionStatus.ADVISORY]  # not one per tick
+    assert rows[1].decision.proposed_config == K8 and "advisory mode" in rows[1].decision.message
+
+
+def test_insufficient_evidence_blocks(db_url: str) -> None:
+    with Store(db_url) as store:
+        clock = FakeClock(T0)
+        store.record_config(KEY, config_record(K2, T0, AppliedBy.STARTUP))
+        clock.now = write_windows(store, T0, 3, k=2, rate=100.0)  # 600 drafts, 30 s
+        ctl = controller(store, FakeActuator(K2, clock), clock)
+        assert ctl.decide(clock.now).reason == "insufficient_evidence"
+
+
+def test_stationary_best_config_makes_no_change(db_url: str) -> None:
+    with Store(db_url) as store:
+        clock = FakeClock(T0)
+        store.record_config(KEY, config_record(K8, T0, AppliedBy.STARTUP))
+        clock.now = write_windows(store, T0, 30, k=8, rate=200.0)
+        act = FakeActuator(K8, clock)
+        ctl = controller(store, act, clock)
+        for _ in range(5):
+            assert ctl.decide(clock.advance(60)).action == "hold"
+        assert act.applied == [] and store.decisions() == []
+
+
+def test_start_failure_is_rolled_back_recorded_and_not_retried(world: tuple[Store, FakeClock, FakeActuator]) -> None:
+    store, clock, act = world
+    act.outcome = ApplyStatus.ROLLED_BACK
+    ctl = controller(
+        store, act, clock, guardrails=GuardrailSettings(min_drafts=1000, hysteresis_ticks=1, cooldown_s=60)
+    )
+    result = ctl.decide(clock.now)
+    assert (result.action, result.reason) == ("rolled_back", "start_failed")
+    d = store.decision(result.decision_id or -1)
+    assert d.status == DecisionStatus.ROLLED_BACK
+    current = store.current_config(KEY)
+    assert current is not None and current.config.applied_by == AppliedBy.ROLLBACK
+    assert current.config.num_spec_tokens == 2
+    [event] = store.events(kind="apply_rolled_back")
+    assert event.severity == "warning" and "does not exist" in event.data["detail"]
+    # evidence under the restored config accumulates; the same config is not tried again
+    clock.now = write_windows(store, clock.now, 30, k=2, rate=100.0)
+    assert ctl.decide(clock.advance(1)).reason == "known_bad"
+    assert len(act.applied) == 1
+
+
+def test_engine_down_is_a_critical_event(world: tuple[Store, FakeClock, FakeActuator]) -> None:
+    store, clock, act = world
+    act.outcome = ApplyStatus.FAILED
+    ctl = controller(store, act, clock, guardrails=GuardrailSettings(min_drafts=1000, hysteresis_ticks=1))
+    assert ctl.decide(clock.now).action == "failed"
+    [event] = store.events(kind="apply_failed")
+    assert event.severity == "critical"
+
+
+def apply_k8(store: Store, clock: FakeClock, act: FakeActuator) -> tuple[Controller, int]:
+    ctl = controller(store, act, clock, guardrails=GuardrailSettings(min_drafts=1000, hysteresis_ticks=1))
+    result = ctl.decide(clock.now)
+    assert result.action == "applied" and result.decision_id is not None
+    return ctl, result.decision_id
+
+
+def test_regression_is_rolled_back_after_the_evaluation_window(world: tuple[Store, FakeClock, FakeActuator]) -> None:
+    store, clock, act = world
+    ctl, decision_id = apply_k8(store, clock, act)
+    applied_at = clock.now
+    assert ctl.verify(clock.advance(60)) == []  # evaluation window (120 s) not over
+    clock.now = write_windows(store, applied_at, 12, k=8, rate=70.0)  # 30% worse than before
+    [result] = ctl.verify(clock.now)
+    assert (result.action, result.reason) == ("rolled_back", "regressed")
+    assert act.applied == [K8, K2]
+    d = store.decision(decision_id)
+    assert d.status == DecisionStatus.ROLLED_BACK and d.realized_gain == pytest.approx(0.7, abs=0.01)
+    current = store.current_config(KEY)
+    assert current is not None and current.config.num_spec_tokens == 2
+    assert current.config.applied_by == AppliedBy.ROLLBACK
+    assert [e.kind for e in store.events(kind="regression_rolled_back")] == ["regression_rolled_back"]
+
+
+def test_improvement_is_verified_with_the_realized_gain(world: tuple[Store, FakeClock, FakeActuator]) -> None:
+    store, clock, act = world
+    ctl, decision_id = apply_k8(store, clock, act)
+    clock.now = write_windows(store, clock.now, 12, k=8, rate=140.0)
+    [result] = ctl.verify(clock.now)
+    assert (result.action, result.reason) == ("verified", "improved")
+    d = store.decision(decision_id)
+    assert d.status == DecisionStatus.VERIFIED and d.realized_gain == pytest.approx(1.4, abs=0.01)
+    assert act.applied == [K8]
+    # verified: no longer pending; the change still counts for the cooldown and the hourly limit
+    state = ctl.state(clock.now, [KEY])
+    assert not state.pending_verification and len(state.change_times) == 1
+    assert ctl.decide(clock.now).reason == "keep"  # K = 8 is the best for α = 0.8, c = 0.05
+
+
+def test_pause_resume_and_manual_override(world: tuple[Store, FakeClock, FakeActuator]) -> None:
+    store, clock, act = world
+    ctl = controller(
+        store, act, clock, mode="advisory", guardrails=GuardrailSettings(min_drafts=1000, hysteresis_ticks=1)
+    )
+    manual.pause(store, clock.now, by="alice")
+    assert ctl.decide(clock.now).reason == "paused"
+    manual.request_override(store, clock.now, {"method": "ngram", "num_speculative_tokens": 3}, engine=KEY)
+    assert ctl.decide(clock.advance(1)).reason == "override_waiting"
+    manual.resume(store, clock.advance(1), by="alice")
+    assert manual.active_pauses(store) == []
+    result = ctl.decide(clock.advance(1))  # advisory mode, but an operator's override is applied
+    assert result.action == "applied"
+    assert act.applied == [{"method": "ngram", "num_speculative_tokens": 3}]
+    current = store.current_config(KEY)
+    assert current is not None and current.config.applied_by == AppliedBy.MANUAL and current.config.method == "ngram"
+    assert manual.pending_overrides(store) == []
+
+
+def test_restart_safe_state_and_recovery(world: tuple[Store, FakeClock, FakeActuator]) -> None:
+    store, clock, act = world
+    _, decision_id = apply_k8(store, clock, act)
+    clock.now = write_windows(store, clock.now, 12, k=8, rate=140.0)
+    # a new controller (a restarted daemon) sees the pending verification and the change time
+    fresh = controller(store, FakeActuator(K8, clock), clock)
+    state = fresh.state(clock.now, [KEY])
+    assert state.pending_verification and len(state.change_times) == 1
+    assert fresh.config_to_start(K2) == (K8, "database")
+    # an apply interrupted by kill -9 is closed on start
+    stuck = store.record_decision(
+        DecisionRecord(
+            created_at=clock.now,
+            action=CHANGE,
+            reason="change_k",
+            message="m",
+            inputs={},
+            mode="auto",
+            engine=KEY,
+            proposed_config=K2,
+            status=DecisionStatus.APPLYING,
+        )
+    )
+    assert fresh.state(clock.now, [KEY]).pending_verification
+    assert fresh.recover(clock.now) == [stuck]
+    assert store.decision(stuck).status == DecisionStatus.FAILED
+    assert [e.kind for e in store.events(kind="apply_interrupted")] == ["apply_interrupted"]
+    assert store.decision(decision_id).status == DecisionStatus.APPLIED  # untouched
+
+
+def test_sync_records_the_running_config_once(db_url: str) -> None:
+    with Store(db_url) as store:
+        clock = FakeClock(T0)
+        write_windows(store, T0, 1, k=2, rate=100.0)  # the collector has seen the engine, no config yet
+        act = FakeActuator(K2, clock)
+        ctl = controller(store, act, clock)
+        ctl.sync_configs(T0, AppliedBy.STARTUP)
+        ctl.sync_configs(T0 + timedelta(seconds=10), AppliedBy.OBSERVED)
+        [cfg] = store.configs(KEY)
+        assert cfg.config.applied_by == AppliedBy.STARTUP
+        assert config_fingerprint(cfg.config.spec_config) == config_fingerprint(K2)
+
+
+def test_switching_cost_uses_the_measured_restart_downtime(world: tuple[Store, FakeClock, FakeActuator]) -> None:
+    store, clock, act = world
+    rails = GuardrailSettings(min_drafts=1000, hysteresis_ticks=1, restart_downtime_s=1.0, payback_horizon_s=3600)
+    ctl = controller(store, act, clock, guardrails=rails)
+    assert ctl.measured_downtime_s(clock.now) is None  # no restart yet: the configured 1 s applies
+    # an earlier restart of this engine took 50 minutes (a huge model loading from slow storage)
+    store.write_events(
+        [
+            EventRecord(
+                ts=clock.now - timedelta(hours=1),
+                kind="config_applied",
+                message="m",
+                engine=KEY,
+                data={"downtime_s": 3000.0},
+            )
+        ]
+    )
+    assert ctl.measured_downtime_s(clock.now) == 3000.0
+    result = ctl.decide(clock.now)  # K 2 → 8 gains ~1.39×: 3000 s take ~7700 s to repay
+    assert (result.action, result.reason) == ("blocked", "switching_cost")
+    assert "3000 s" in result.message and act.applied == []

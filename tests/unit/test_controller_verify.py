@@ -1,0 +1,75 @@
+"""Realized-gain judgement and the K proposal, pure (no store)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from collectors.records import EngineKey
+from policies.counters import SpecCounters
+from tuner.controller.evidence import Evidence
+from tuner.controller.policy import PolicyReason, PolicySettings, propose_k
+from tuner.controller.verify import VerifyReason, judge
+from tuner.store import EngineConfigRecord, StoredConfig
+
+NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
+KEY = EngineKey("http://127.0.0.1:1/metrics", "m")
+
+
+def test_regression_beyond_noise_rolls_back() -> None:
+    verdict = judge([100, 102, 98, 101, 99], [80, 82, 79, 81, 80], tolerance=0.05)
+    assert verdict.reason is VerifyReason.REGRESSED and verdict.rollback
+    assert verdict.realized_gain == pytest.approx(80.4 / 100)
+
+
+def test_a_loss_within_noise_is_kept() -> None:
+    verdict = judge([100, 150, 50, 120, 80], [90, 140, 40, 110, 70], tolerance=0.05)  # 10% lower, noisy
+    assert verdict.reason is VerifyReason.NO_WORSE and not verdict.rollback
+
+
+def test_a_loss_within_tolerance_is_kept_even_if_significant() -> None:
+    verdict = judge([100.0] * 4 + [100.1], [97.0] * 4 + [97.1], tolerance=0.05)
+    assert not verdict.rollback
+
+
+def test_improvement_and_no_data() -> None:
+    assert judge([100, 101, 99], [130, 131, 129]).reason is VerifyReason.IMPROVED
+    no_data = judge([100, 101], [50, 50, 50])
+    assert no_data.reason is VerifyReason.NO_DATA and not no_data.rollback and no_data.realized_gain is None
+
+
+def evidence(spec: SpecCounters, k: int, method: str = "draft_model") -> Evidence:
+    cfg = StoredConfig(
+        1,
+        KEY,
+        EngineConfigRecord(
+            method=method,
+            started_at=NOW,
+            num_spec_tokens=k,
+            spec_config={"method": method, "model": "/d", "num_speculative_tokens": k},
+        ),
+    )
+    return Evidence(NOW, (KEY,), cfg, spec, 30, 300.0, 30000.0, (100.0,) * 30, 1.0)
+
+
+def iid(alpha: float, k: int, drafts: int) -> SpecCounters:
+    per_pos = tuple(int(drafts * alpha ** (i + 1)) for i in range(k))
+    return SpecCounters(drafts, drafts * k, sum(per_pos), per_pos)
+
+
+def test_propose_k_moves_to_leviathans_best_k() -> None:
+    # α = 0.8, c = 0.05 ⇒ K = 8 at batch 1 (DESIGN.md); from K = 2 the gain is well above 1.
+    out = propose_k(evidence(iid(0.8, 2, 20000), 2), PolicySettings(k_max=8, cost_ratio=0.05))
+    assert out.reason is PolicyReason.CHANGE_K and out.target is not None
+    assert out.target["num_speculative_tokens"] == 8 and out.target["model"] == "/d"
+    assert out.predicted_gain is not None and out.predicted_gain_ci is not None
+    assert 1.0 < out.predicted_gain_ci[0] <= out.predicted_gain <= out.predicted_gain_ci[1]
+
+
+def test_propose_k_keeps_the_best_and_skips_without_data() -> None:
+    keep = propose_k(evidence(iid(0.8, 8, 20000), 8), PolicySettings(k_max=8, cost_ratio=0.05))
+    assert keep.reason is PolicyReason.KEEP and keep.target is None
+    assert propose_k(evidence(SpecCounters(), 3), PolicySettings()).reason is PolicyReason.NO_DRAFTS
+    off = propose_k(evidence(SpecCounters(), 0, method="off"), PolicySettings())
+    assert off.reason is PolicyReason.NO_SPECULATION

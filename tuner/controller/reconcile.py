@@ -1,0 +1,496 @@
+"""The reconcile step: snapshot → policy → guardrails → actuator → audit row → event; and verify.
+
+:class:`Controller` holds no state that matters across restarts: pauses, overrides, pending
+verifications, recent changes (cooldown, changes per hour) and recently failed configs are read from
+the database on every tick, so a restarted daemon carries on where it stopped. Only the hysteresis
+streak lives in memory (after a restart it starts again from zero, which only delays a change).
+
+Time comes in as ``now`` (and ``clock`` for the moment an apply finished); nothing here reads the
+system clock.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from typing import Any
+
+from collectors.records import EngineKey, EventRecord
+from tuner.actuators.base import Actuator, ApplyResult, ApplyStatus, config_fingerprint
+from tuner.controller import manual
+from tuner.controller.evidence import Evidence, gather_evidence, spec_config_of, summarize, windows_under
+from tuner.controller.guardrails import (
+    ControllerState,
+    GuardrailSettings,
+    Proposal,
+    check_guardrails,
+    next_streak,
+)
+from tuner.controller.policy import PolicyOutcome, PolicySettings, propose_k
+from tuner.controller.verify import judge
+from tuner.store import AppliedBy, DecisionRecord, DecisionStatus, EngineConfigRecord, Store, StoredConfig
+
+log = logging.getLogger(__name__)
+
+CHANGE = "change"  # a decision's action when the controller itself proposes a config
+_CHANGE_SOURCES = {
+    AppliedBy.RESTART,
+    AppliedBy.LIVE,
+    AppliedBy.COMMAND,
+    AppliedBy.WEBHOOK,
+    AppliedBy.MANUAL,
+    AppliedBy.ROLLBACK,
+}
+
+Clock = Callable[[], datetime]
+Policy = Callable[[Evidence], PolicyOutcome]
+
+
+@dataclass(frozen=True)
+class ControllerSettings:
+    metrics_url: str  # the engine series' url (as the collector stores it)
+    mode: str = "advisory"  # "advisory" | "auto"
+    model_name: str | None = None
+    evidence_window_s: float = 300.0
+    verify_window_s: float = 300.0
+    regression_tolerance: float = 0.05
+    failed_retry_s: float = 86400.0  # a config that failed is not proposed again for this long
+    guardrails: GuardrailSettings = field(default_factory=GuardrailSettings)
+    policy: PolicySettings = field(default_factory=PolicySettings)
+
+
+@dataclass(frozen=True)
+class TickResult:
+    """What one decide/verify step did (for logs, the CLI and tests)."""
+
+    action: str  # none | hold | blocked | advisory | applied | unchanged | rolled_back | failed | verified
+    reason: str
+    message: str
+    decision_id: int | None = None
+
+
+def config_record(
+    spec: dict[str, Any], started_at: datetime, applied_by: str, decision_id: int | None = None
+) -> EngineConfigRecord:
+    table = spec.get("num_speculative_tokens_per_batch_size")
+    k = spec.get("num_speculative_tokens")
+    return EngineConfigRecord(
+        method=str(spec.get("method", "off")),
+        started_at=started_at,
+        applied_by=applied_by,
+        draft_model=spec.get("model"),
+        num_spec_tokens=k if isinstance(k, int) else None,
+        k_table=tuple((int(r[0]), int(r[1]), int(r[2])) for r in table) if table else None,
+        spec_config=dict(spec),
+        decision_id=decision_id,
+    )
+
+
+class Controller:
+    def __init__(
+        self,
+        store: Store,
+        actuator: Actuator,
+        settings: ControllerSettings,
+        clock: Clock,
+        policy: Policy | None = None,
+    ) -> None:
+        self.store = store
+        self.actuator = actuator
+        self.settings = settings
+        self.clock = clock
+        self.policy: Policy = policy or (lambda ev: propose_k(ev, settings.policy))
+        self._streak: tuple[str | None, int] = (None, 0)
+        self._last_recorded: tuple[str, str] | None = None  # (target, reason) of the last hold-type row
+        # decide/verify/sync run on scheduler threads: one at a time, so a config recorded by an apply
+        # is never raced by the collector's sync recording the same config as "observed".
+        self.lock = threading.RLock()
+
+    # -- the three entry points (serialised) ------------------------------------------------------
+    def sync_configs(self, now: datetime, applied_by: str = AppliedBy.STARTUP) -> None:
+        """Record the actuator's config for engine series that have none or a different one
+        (first scrape after a start: the collector has just learned the series' keys)."""
+        with self.lock:
+            self._sync_configs(now, applied_by)
+
+    def decide(self, now: datetime) -> TickResult:
+        """One reconcile step: overrides, else evidence → policy → guardrails → actuator → audit."""
+        with self.lock:
+            return self._decide(now)
+
+    def verify(self, now: datetime) -> list[TickResult]:
+        """Judge every applied change whose evaluation window has passed; roll back a regression."""
+        with self.lock:
+            return self._verify(now)
+
+    # -- engines and configs ---------------------------------------------------------------------
+    def engine_keys(self) -> list[EngineKey]:
+        """The engine series this controller drives (every data-parallel rank of the server)."""
+        return sorted(
+            (
+                e.key
+                for e in self.store.engines()
+                if e.key.url == self.settings.metrics_url
+                and (self.settings.model_name is None or e.key.model_name == self.settings.model_name)
+            ),
+            key=lambda k: (k.model_name, k.engine),
+        )
+
+    def current_config(self, keys: Sequence[EngineKey] | None = None) -> StoredConfig | None:
+        keys = self.engine_keys() if keys is None else keys
+        return self.store.current_config(keys[0]) if keys else None
+
+    def _record_configs(
+        self, keys: Sequence[EngineKey], spec: dict[str, Any], at: datetime, applied_by: str, decision_id: int | None
+    ) -> None:
+        for key in keys:
+            self.store.record_config(key, config_record(spec, at, applied_by, decision_id))
+
+    def _sync_configs(self, now: datetime, applied_by: str) -> None:
+        """Record the actuator's config for engine series that have none or a different one
+        (first scrape after a start: the collector has just learned the series' keys)."""
+        spec = self.actuator.current
+        if spec is None:
+            return
+        for key in self.engine_keys():
+            stored = self.store.current_config(key)
+            if stored is None or config_fingerprint(spec_config_of(stored)) != config_fingerprint(spec):
+                self.store.record_config(key, config_record(spec, now, applied_by))
+
+    # -- state from the database -----------------------------------------------------------------
+    def state(self, now: datetime, keys: Sequence[EngineKey]) -> ControllerState:
+        gr = self.settings.guardrails
+        look_back = timedelta(seconds=max(3600.0, gr.cooldown_s))
+        change_times: list[datetime] = []
+        if keys:
+            change_times = [
+                c.config.started_at
+                for c in self.store.configs(keys[0], since=now - look_back, until=now + timedelta(microseconds=1))
+                if c.config.applied_by in _CHANGE_SOURCES
+            ]
+        pending = any(
+            d.decision.action in (CHANGE, manual.OVERRIDE) for d in self.store.decisions(status=DecisionStatus.APPLIED)
+        )
+        applying = bool(self.store.decisions(status=DecisionStatus.APPLYING))
+        since_failed = now - timedelta(seconds=self.settings.failed_retry_s)
+        failed = frozenset(
+            config_fingerprint(d.decision.proposed_config)
+            for status in (DecisionStatus.ROLLED_BACK, DecisionStatus.FAILED)
+            for d in self.store.decisions(since_failed, None, status=status)
+            if d.decision.proposed_config is not None and d.decision.action == CHANGE
+        )
+        target, count = self._streak
+        return ControllerState(
+            paused=bool(manual.active_pauses(self.store)),
+            pending_verification=pending or applying,
+            change_times=tuple(change_times),
+            streak_target=target,
+            streak_count=count,
+            failed_targets=failed,
+        )
+
+    def measured_downtime_s(self, now: datetime) -> float | None:
+        """Median serving gap of this week's applied restarts (from their events), or None if there
+        were none: the switching-cost rail then uses the configured ``restart_downtime_s``."""
+        if not self.actuator.needs_restart:
+            return None
+        gaps = [
+            float(e.data["downtime_s"])
+            for e in self.store.events(now - timedelta(days=7), now + timedelta(microseconds=1), kind="config_applied")
+            if isinstance(e.data.get("downtime_s"), int | float)
+        ]
+        return statistics.median(gaps) if gaps else None
+
+    # -- decide ----------------------------------------------------------------------------------
+    def _decide(self, now: datetime) -> TickResult:
+        keys = self.engine_keys()
+        if not keys:
+            return TickResult("none", "no_engine", "No engine series seen yet at this URL; waiting for the collector.")
+        current = self.current_config(keys)
+        if current is None:
+            return TickResult("none", "no_config", "The engine's current config is not known yet.")
+        state = self.state(now, keys)
+        evidence = gather_evidence(self.store, keys, current, now, self.settings.evidence_window_s)
+
+        overrides = manual.pending_overrides(self.store)
+        if overrides:
+            if state.paused or state.pending_verification:
+                return TickResult("blocked", "override_waiting", "A manual override waits for resume or verification.")
+            order = overrides[0]
+            assert order.decision.proposed_config is not None
+            return self._apply(order.id, order.decision.proposed_config, now, keys, AppliedBy.MANUAL)
+
+        outcome = self.policy(evidence)
+        if outcome.target is None or outcome.predicted_gain is None or outcome.predicted_gain_ci is None:
+            self._streak = (None, 0)
+            return TickResult("hold", outcome.reason.value, outcome.message)
+        target_fp = config_fingerprint(outcome.target)
+        proposal = Proposal(
+            target=target_fp,
+            predicted_gain=outcome.predicted_gain,
+            predicted_gain_ci=outcome.predicted_gain_ci,
+            drafts=evidence.spec.drafts,
+            evidence_s=evidence.duration_s / max(len(keys), 1),
+            needs_restart=self.actuator.needs_restart,
+        )
+        rails = self.settings.guardrails
+        measured_s = self.measured_downtime_s(now)
+        if measured_s is not None:
+            rails = replace(rails, restart_downtime_s=measured_s)
+        block = check_guardrails(rails, state, proposal, now)
+        self._streak = next_streak(state, target_fp)
+        inputs = {**evidence.to_inputs(), "policy": outcome.details or {}}
+        if block is not None:
+            return self._record_once(
+                now,
+                keys,
+                outcome,
+                inputs,
+                DecisionStatus.BLOCKED,
+                block.reason.value,
+                f"{outcome.message} Held back: {block.message}",
+            )
+        if self.settings.mode != "auto":
+            return self._record_once(
+                now,
+                keys,
+                outcome,
+                inputs,
+                DecisionStatus.ADVISORY,
+                outcome.reason.value,
+                f"{outcome.message} (advisory mode: not applied)",
+            )
+        decision_id = self.store.record_decision(
+            DecisionRecord(
+                created_at=now,
+                action=CHANGE,
+                reason=outcome.reason.value,
+                message=outcome.message,
+                inputs=inputs,
+                mode="auto",
+                engine=keys[0],
+                proposed_config=outcome.target,
+                predicted_gain=outcome.predicted_gain,
+                status=DecisionStatus.APPLYING,
+            )
+        )
+        self._streak = (None, 0)
+        return self._apply(decision_id, outcome.target, now, keys, self.actuator.kind)
+
+    def _record_once(
+        self,
+        now: datetime,
+        keys: Sequence[EngineKey],
+        outcome: PolicyOutcome,
+        inputs: dict[str, Any],
+        status: str,
+        reason: str,
+        message: str,
+    ) -> TickResult:
+        """Audit a held-back or advisory proposal once per (target, reason), not on every tick."""
+        marker = (config_fingerprint(outcome.target), f"{status}:{reason}")
+        if marker == self._last_recorded:
+            return TickResult(str(status), reason, message)
+        self._last_recorded = marker
+        decision_id = self.store.record_decision(
+            DecisionRecord(
+                created_at=now,
+                action=CHANGE,
+                reason=reason,
+                message=message,
+                inputs=inputs,
+                mode=self.settings.mode,
+                engine=keys[0],
+                proposed_config=outcome.target,
+                predicted_gain=outcome.predicted_gain,
+                status=status,
+            )
+        )
+        log.info("controller %s: %s", self.settings.metrics_url, message)
+        return TickResult(str(status), reason, message, decision_id)
+
+    def _apply(
+        self, decision_id: int, target: dict[str, Any], now: datetime, keys: Sequence[EngineKey], applied_by: str
+    ) -> TickResult:
+        self.store.update_decision(decision_id, status=DecisionStatus.APPLYING, at=now)
+        result = self.actuator.apply(target)
+        done_at = max(self.clock(), now)
+        self._last_recorded = None
+        if result.status is ApplyStatus.APPLIED:
+            self._record_configs(keys, target, done_at, applied_by, decision_id)
+            self.store.update_decision(
+                decision_id, status=DecisionStatus.APPLIED, at=done_at, status_message=result.message
+            )
+            self._event(
+                done_at,
+                keys,
+                "config_applied",
+                "info",
+                f"Applied {_describe(target)}: {result.message}",
+                decision_id,
+                result,
+            )
+            return TickResult("applied", "applied", result.message, decision_id)
+        if result.status is ApplyStatus.UNCHANGED:
+            self.store.update_decision(
+                decision_id, status=DecisionStatus.VERIFIED, at=done_at, status_message=result.message
+            )
+            return TickResult("unchanged", "unchanged", result.message, decision_id)
+        if result.status is ApplyStatus.ROLLED_BACK and result.config is not None:
+            # The engine restarted with the old config: a new config period begins (and counts for cooldown).
+            self._record_configs(keys, result.config, done_at, AppliedBy.ROLLBACK, decision_id)
+            self.store.update_decision(
+                decision_id, status=DecisionStatus.ROLLED_BACK, at=done_at, status_message=result.message
+            )
+            self._event(
+                done_at,
+                keys,
+                "apply_rolled_back",
+                "warning",
+                f"{_describe(target)} did not come up; rolled back: {result.message}",
+                decision_id,
+                result,
+            )
+            return TickResult("rolled_back", "start_failed", result.message, decision_id)
+        self.store.update_decision(decision_id, status=DecisionStatus.FAILED, at=done_at, status_message=result.message)
+        severity = "critical" if result.config is None and self.actuator.kind == "restart" else "warning"
+        self._event(
+            done_at,
+            keys,
+            "apply_failed",
+            severity,
+            f"Applying {_describe(target)} failed: {result.message}",
+            decision_id,
+            result,
+        )
+        return TickResult("failed", "apply_failed", result.message, decision_id)
+
+    def _event(
+        self,
+        ts: datetime,
+        keys: Sequence[EngineKey],
+        kind: str,
+        severity: str,
+        message: str,
+        decision_id: int | None,
+        result: ApplyResult | None = None,
+    ) -> None:
+        data: dict[str, Any] = {"decision_id": decision_id}
+        if result is not None:
+            data.update(
+                status=result.status.value,
+                downtime_s=result.downtime_s,
+                detail=result.detail[-1000:],
+                config=result.config,
+            )
+        self.store.write_events(
+            [
+                EventRecord(
+                    ts=ts, kind=kind, message=message, severity=severity, engine=keys[0] if keys else None, data=data
+                )
+            ]
+        )
+
+    # -- verify ----------------------------------------------------------------------------------
+    def _verify(self, now: datetime) -> list[TickResult]:
+        """Judge every applied change whose evaluation window has passed; roll back a regression."""
+        out: list[TickResult] = []
+        keys = self.engine_keys()
+        for d in self.store.decisions(status=DecisionStatus.APPLIED):
+            if d.decision.action not in (CHANGE, manual.OVERRIDE):
+                continue
+            applied_at = d.updated_at
+            if now < applied_at + timedelta(seconds=self.settings.verify_window_s):
+                continue
+            after = windows_under(self.store, keys, applied_at, applied_at, now + timedelta(microseconds=1))
+            before_rates = [float(r) for r in d.decision.inputs.get("window_rates", [])]
+            verdict = judge(before_rates, summarize(after)[3], tolerance=self.settings.regression_tolerance)
+            previous = d.decision.inputs.get("current_config")
+            if verdict.rollback and d.decision.action == CHANGE and isinstance(previous, dict):
+                out.append(self._roll_back(d.id, previous, verdict.message, verdict.realized_gain, now, keys))
+                continue
+            self.store.update_decision(
+                d.id,
+                status=DecisionStatus.VERIFIED,
+                at=now,
+                realized_gain=verdict.realized_gain,
+                status_message=verdict.message,
+            )
+            out.append(TickResult("verified", verdict.reason.value, verdict.message, d.id))
+        return out
+
+    def _roll_back(
+        self,
+        decision_id: int,
+        previous: dict[str, Any],
+        why: str,
+        gain: float | None,
+        now: datetime,
+        keys: Sequence[EngineKey],
+    ) -> TickResult:
+        result = self.actuator.apply(previous)
+        done_at = max(self.clock(), now)
+        if result.status in (ApplyStatus.APPLIED, ApplyStatus.UNCHANGED):
+            if result.status is ApplyStatus.APPLIED:
+                self._record_configs(keys, previous, done_at, AppliedBy.ROLLBACK, decision_id)
+            self.store.update_decision(
+                decision_id, status=DecisionStatus.ROLLED_BACK, at=done_at, realized_gain=gain, status_message=why
+            )
+            self._event(done_at, keys, "regression_rolled_back", "warning", why, decision_id, result)
+            return TickResult("rolled_back", "regressed", why, decision_id)
+        message = f"{why} The rollback itself failed: {result.message}"
+        self.store.update_decision(
+            decision_id, status=DecisionStatus.FAILED, at=done_at, realized_gain=gain, status_message=message
+        )
+        self._event(done_at, keys, "rollback_failed", "critical", message, decision_id, result)
+        return TickResult("failed", "rollback_failed", message, decision_id)
+
+    # -- recovery --------------------------------------------------------------------------------
+    def recover(self, now: datetime) -> list[int]:
+        """After a crash: applies that never finished are marked failed (the daemon starts the engine
+        with the last recorded config). Returns the ids it closed."""
+        closed: list[int] = []
+        for d in self.store.decisions(status=DecisionStatus.APPLYING):
+            self.store.update_decision(
+                d.id,
+                status=DecisionStatus.FAILED,
+                at=now,
+                status_message="interrupted: the daemon stopped during this apply; it restarted with the last "
+                "recorded config",
+            )
+            closed.append(d.id)
+        if closed:
+            keys = self.engine_keys()
+            self._event(
+                now,
+                keys,
+                "apply_interrupted",
+                "warning",
+                f"{len(closed)} apply(s) were interrupted by a daemon stop; state recovered",
+                None,
+            )
+        return closed
+
+    def config_to_start(self, default: dict[str, Any]) -> tuple[dict[str, Any], str]:
+        """The config the engine should (re)start with: the last recorded one, else ``default``."""
+        current = self.current_config()
+        if current is not None:
+            return spec_config_of(current), "database"
+        return dict(default), "config file"
+
+
+def _describe(spec: dict[str, Any]) -> str:
+    method = spec.get("method")
+    parts = [f"method={method}"]
+    if spec.get("model"):
+        parts.append(f"draft={spec['model']}")
+    if "num_speculative_tokens" in spec:
+        parts.append(f"K={spec['num_speculative_tokens']}")
+    return "config " + " ".join(parts)
+
+
+__all__ = ["CHANGE", "Controller", "ControllerSettings", "TickResult", "config_record"]
