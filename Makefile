@@ -42,7 +42,7 @@ lint: $(STAMP)
 	$(VENV)/bin/lint-imports
 
 test: install models lint
-	$(PY) -m pytest -p no:cacheprovider tests
+	$(PY) -m pytest -p no:cacheprovider --durations=15 tests
 
 bench: install models
 	@for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
