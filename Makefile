@@ -8,7 +8,7 @@ STAMP := $(VENV)/.spectuner-installed
 MODELS := .lab/models
 PG_BIN := /usr/lib/postgresql/15/bin
 
-.PHONY: install system-deps models demo test lint bench clean
+.PHONY: install system-deps models demo test lint bench bench-live clean
 
 install: system-deps $(STAMP)
 
@@ -29,6 +29,12 @@ system-deps:
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q postgresql-15; \
 	fi
+	@# promtool + a real Prometheus (dashboards/ tests) and headless Chromium (the HTML report test).
+	@if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null || ! command -v chromium >/dev/null; then \
+	  echo "installing Debian packages prometheus and chromium"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q prometheus chromium; \
+	fi
 
 models: $(STAMP)
 	$(VENV)/bin/spectuner lab build-models $(MODELS)
@@ -44,8 +50,12 @@ lint: $(STAMP)
 test: install models lint
 	$(PY) -m pytest -p no:cacheprovider --durations=15 tests
 
+# Every benchmark but the live closed-loop one (20–30 min of engine time): `make bench-live` runs that.
 bench: install models
-	@for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+	@for b in bench/bench_*.py; do [ "$$b" = bench/bench_live.py ] && continue; echo "== $$b"; $(PY) $$b || exit 1; done
+
+bench-live: install models
+	$(PY) bench/bench_live.py
 
 clean:
 	rm -rf $(VENV) .lab .pytest_cache .mypy_cache .ruff_cache

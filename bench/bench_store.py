@@ -7,8 +7,11 @@ run so the ratios are honest on whatever machine runs it:
   (validation + encoding + one transaction per batch);
 - ``core``: the textbook path, a Core ``insert()`` executemany of one dict per row through the
   models' types (no validation, so it is flattered);
-- ``driver``: pre-encoded rows straight to the driver (SQLite ``executemany``, PostgreSQL ``COPY``),
-  one transaction per batch: the floor for this schema on this machine.
+- ``driver``: pre-encoded rows straight to the driver the way the store sends them (SQLite: multi-row
+  ``INSERT`` statements by ``executemany``; PostgreSQL: ``COPY``), one transaction per batch: the
+  floor for this schema on this machine;
+- ``driver_1row`` (SQLite only): the same pre-encoded rows, one row per executed statement (the
+  textbook ``executemany``): what the multi-row statement saves.
 
 SQLite runs on a file with the store's settings (WAL, synchronous=NORMAL). PostgreSQL is a throwaway
 local PostgreSQL 15 (``tests/integration/pg.py``) with its default durability (fsync on).
@@ -189,6 +192,19 @@ def run_way(url: str, way: str, kind: str, records: Sequence[Any], batch: int) -
                 with store.write_transaction() as conn:
                     conn.execute(insert(table), [to_dict(r) for r in chunk])
 
+    elif way == "driver_1row":
+        encoded_1 = [
+            step_values(r, ids[r.key], fast.ts) if kind == "steps" else request_values(r, fast.ts) for r in records
+        ]
+        chunks_1 = batches(encoded_1, batch)
+
+        def fn() -> None:
+            for chunk in chunks_1:
+                with store.write_transaction() as conn:
+                    cursor = conn.connection.cursor()
+                    cursor.executemany(fast.sql, list(chunk))
+                    cursor.close()
+
     else:  # driver: encoded before timing
         encoded = [
             step_values(r, ids[r.key], fast.ts) if kind == "steps" else request_values(r, fast.ts) for r in records
@@ -212,16 +228,18 @@ def bench_backend(
     requests: list[RequestRecord],
     batch: int,
     repeats: int,
+    *,
+    sqlite: bool,
 ) -> dict[str, Any]:
     """Each measurement writes into its own fresh database, so every way starts from an empty
     table; the order of the ways rotates between repeats so load drifts hit them alike."""
-    ways = ["store", "core", "driver"]
+    ways = ["store", "core", "driver", "driver_1row"] if sqlite else ["store", "core", "driver"]
     out: dict[str, Any] = {}
     for kind, records in (("steps", steps), ("requests", requests)):
         wall: dict[str, list[float]] = {way: [] for way in ways}
         cpu: dict[str, list[float]] = {way: [] for way in ways}
         for repeat in range(repeats):
-            for way in ways[repeat % 3 :] + ways[: repeat % 3]:
+            for way in ways[repeat % len(ways) :] + ways[: repeat % len(ways)]:
                 wall_s, cpu_s = run_way(fresh_url(), way, kind, records, batch)
                 wall[way].append(len(records) / wall_s)
                 cpu[way].append(len(records) / cpu_s)
@@ -254,7 +272,12 @@ def main() -> int:
         for backend in args.backends.split(","):
             if backend == "sqlite":
                 results["sqlite"] = bench_backend(
-                    lambda: f"sqlite:///{tmp}/bench{next(counter)}.db", steps, requests, args.batch, args.repeats
+                    lambda: f"sqlite:///{tmp}/bench{next(counter)}.db",
+                    steps,
+                    requests,
+                    args.batch,
+                    args.repeats,
+                    sqlite=True,
                 )
             elif backend == "postgresql":
                 from tests.integration.pg import PostgresServer
@@ -266,6 +289,7 @@ def main() -> int:
                         requests,
                         args.batch,
                         args.repeats,
+                        sqlite=False,
                     )
             else:
                 parser.error(f"unknown backend {backend!r}: use sqlite and/or postgresql")
@@ -284,8 +308,18 @@ def main() -> int:
             s, c, d = (ways[w]["rows_per_s_median"] for w in ("store", "core", "driver"))
             ways["store_over_core"] = s / c
             ways["store_over_driver"] = s / d
+            if "driver_1row" in ways:
+                one_row_cpu = ways["driver_1row"]["rows_per_cpu_s_median"]
+                ways["multi_row_over_1row_cpu"] = ways["driver"]["rows_per_cpu_s_median"] / one_row_cpu
             cpu = ways["store"]["rows_per_cpu_s_median"]
             print(f"{backend:<11} {kind:<9} {s:>9.0f} {c:>9.0f} {d:>9.0f} {s / c:>10.2f} {s / d:>12.2f} {cpu:>12.0f}")
+    for backend, kinds in results.items():
+        for kind, ways in kinds.items():
+            if "multi_row_over_1row_cpu" in ways:
+                print(
+                    f"{backend} {kind}: multi-row statements ÷ one row per statement (driver, per CPU-s): "
+                    f"{ways['multi_row_over_1row_cpu']:.2f}"
+                )
     print("store/cpu-s: rows per CPU-second of this process (SQLite runs in-process, so nearly all the work;")
     print("PostgreSQL: the client side only): an estimate for one uncontended core. Wall figures carry the load.")
     if "postgresql" in results and "sqlite" in results:

@@ -140,6 +140,20 @@ class RecordSink(Protocol):
 
     def write_windows(self, records: Sequence[WindowRecord]) -> None: ...
 
+    def write_scrape(
+        self,
+        windows: Sequence[WindowRecord],
+        events: Sequence[EventRecord] = (),
+        baselines: Sequence[EngineSample] = (),
+    ) -> None:
+        """One scrape: its windows, the events they raised (counter resets) and the cumulative
+        samples they end at (the collector's new baselines), all in one transaction."""
+        ...
+
+    def baselines(self, url: str) -> Sequence[EngineSample]:
+        """The baselines last stored by :meth:`write_scrape` for the engines scraped from ``url``."""
+        ...
+
     def write_requests(self, records: Sequence[RequestRecord]) -> None: ...
 
     def write_steps(self, records: Sequence[StepRecord]) -> None: ...

@@ -86,6 +86,7 @@ class Collector:
         stale_after_s: float | None = None,
         max_body_bytes: int = 32 * 1024 * 1024,
         client: httpx.Client | None = None,
+        resume_max_age_s: float = 900.0,
     ) -> None:
         if interval_s <= 0:
             raise ValueError(f"interval_s must be positive but got {interval_s}")
@@ -93,6 +94,8 @@ class Collector:
             raise ValueError(f"timeout_s must be positive but got {timeout_s}")
         if max_body_bytes <= 0:
             raise ValueError(f"max_body_bytes must be positive but got {max_body_bytes}")
+        if resume_max_age_s < 0:
+            raise ValueError(f"resume_max_age_s cannot be negative but got {resume_max_age_s}")
         self.url = url
         self.sink = sink
         self.interval_s = interval_s
@@ -103,6 +106,11 @@ class Collector:
         self._client = client or httpx.Client(timeout=httpx.Timeout(timeout_s), follow_redirects=True)
         self._owns_client = client is None
         self._baseline: dict[EngineKey, EngineSample] = {}
+        # Stored baselines (from an earlier run of a collector on this URL) are read once, at the
+        # first good scrape; older than this, they are not resumed from (one window spanning a long
+        # outage would blur what happened in it, e.g. which config was running).
+        self.resume_max_age_s = resume_max_age_s
+        self._resume_pending = True
         self.errors: Counter[str] = Counter()  # failed scrapes by reason (ScrapeErrorReason or sink_error)
         self.scrapes_ok = 0
         self.last_success: datetime | None = None
@@ -187,6 +195,8 @@ class Collector:
             self._on_failure(err.reason.value, str(err))
             return CollectResult(ok=False, error=err)
 
+        if self._resume_pending and samples:
+            self._resume(samples[0].ts)
         windows: list[WindowRecord] = []
         events: list[EventRecord] = []
         for sample in samples:
@@ -206,17 +216,55 @@ class Collector:
         for event in events:
             logger.warning("collector %s: %s", self.url, event.message)
         try:
-            if windows:
-                self.sink.write_windows(windows)
+            if samples:
+                # One transaction: the windows, their reset events and the new baselines.
+                self.sink.write_scrape(windows, events, samples)
         except Exception as exc:  # the sink is the store; any failure there must not kill the loop
             message = f"could not store {len(windows)} window(s): {type(exc).__name__}: {exc}"
             self._on_failure(SINK_ERROR, f"{self.url}: {message}")
             return CollectResult(ok=False, samples=tuple(samples), sink_error=message)
-        # Windows are stored: the baseline moves even if the events below fail to store.
         for sample in samples:
             self._baseline[sample.key] = sample
-        self._on_success(samples[0].ts if samples else self.clock(), events)
+        self._on_success(samples[0].ts if samples else self.clock(), [])
         return CollectResult(ok=True, samples=tuple(samples), windows=tuple(windows), events=tuple(events))
+
+    def _resume(self, now: datetime) -> None:
+        """Take up the baselines an earlier collector stored for this URL, for engines this one has
+        no baseline of yet: the first scrape after a restart is then a window, not a gap. An
+        engine that restarted meanwhile is still seen as a reset (counters down, new ``_created``)."""
+        try:
+            stored = self.sink.baselines(self.url)
+        except Exception as exc:  # no stored baselines is the old behaviour: a fresh baseline
+            logger.warning(
+                "collector %s: could not read stored baselines (%s: %s); will try again next scrape",
+                self.url,
+                type(exc).__name__,
+                exc,
+            )
+            return
+        self._resume_pending = False
+        for sample in stored:
+            if sample.key in self._baseline or sample.ts >= now:
+                continue
+            age_s = (now - sample.ts).total_seconds()
+            if age_s > self.resume_max_age_s:
+                logger.info(
+                    "collector %s: stored baseline of engine %s (%s) is %.0f s old (over %.0f s): starting afresh",
+                    self.url,
+                    sample.key.engine,
+                    sample.key.model_name,
+                    age_s,
+                    self.resume_max_age_s,
+                )
+                continue
+            logger.info(
+                "collector %s: resuming engine %s (%s) from its stored baseline of %s",
+                self.url,
+                sample.key.engine,
+                sample.key.model_name,
+                sample.ts.isoformat(),
+            )
+            self._baseline[sample.key] = sample
 
     # -- the loop -----------------------------------------------------------------------------
     def run(self, stop: threading.Event | None = None, max_scrapes: int | None = None) -> None:

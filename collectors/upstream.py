@@ -21,6 +21,8 @@ import httpx
 _HEAD_LIMIT_BYTES = 64 * 1024
 _READ_SIZE = 64 * 1024
 _NO_BODY_STATUS = frozenset({204, 304})
+# httpx sends "Content-Length: 0" for these methods when the body is empty (and none for the others).
+_EMPTY_BODY_LENGTH_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
 T = TypeVar("T")
 
@@ -56,18 +58,52 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
         self._ssl: ssl.SSLContext | None = None
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        """httpx's transport interface (``httpx.AsyncClient(transport=...)``)."""
         origin = (request.url.scheme, request.url.host, request.url.port or _default_port(request.url.scheme))
-        head = _request_head(request)
+        head = _request_head(request.method, request.url.raw_path or b"/", request.headers.raw)
         body = await _request_body(request)
+        answer = await self._send(origin, request.method, head, body, request)
+        return httpx.Response(
+            answer.status_code,
+            headers=answer.headers,
+            stream=answer.stream,
+            request=request,
+            extensions={"http_version": answer.http_version, "reason_phrase": answer.reason},
+        )
+
+    async def send(
+        self,
+        origin: tuple[str, str, int],
+        method: str,
+        target: bytes,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes,
+        *,
+        host: bytes,
+    ) -> UpstreamResponse:
+        """The proxy's fast path: one request without building httpx objects (an ``httpx.Request``
+        costs more than the rest of the hop). Adds ``Host: host`` (``httpx.URL.netloc``) and
+        ``Content-Length`` exactly as httpx would; ``headers`` must carry neither. Raises the same
+        httpx exceptions as :meth:`handle_async_request`."""
+        auto = [(b"Host", host)]
+        if body:
+            headers = [*headers, (b"Content-Length", str(len(body)).encode())]
+        elif method in _EMPTY_BODY_LENGTH_METHODS:
+            auto.append((b"Content-Length", b"0"))
+        return await self._send(origin, method, _request_head(method, target, auto + headers), body, None)
+
+    async def _send(
+        self, origin: tuple[str, str, int], method: str, head: bytes, body: bytes, request: httpx.Request | None
+    ) -> UpstreamResponse:
         conn = self._take_idle(origin)
         if conn is not None:
             try:
-                return await self._exchange(conn, origin, request, head, body)
+                return await self._exchange(conn, origin, method, request, head, body)
             except _StaleConnection:
                 pass  # the upstream closed a kept-alive connection before reading this request
         conn = await self._connect(origin, request)
         try:
-            return await self._exchange(conn, origin, request, head, body)
+            return await self._exchange(conn, origin, method, request, head, body)
         except _StaleConnection as exc:
             raise httpx.RemoteProtocolError(
                 "upstream closed the connection without answering", request=request
@@ -96,7 +132,7 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
         else:
             conn.close()
 
-    async def _connect(self, origin: tuple[str, str, int], request: httpx.Request) -> _Connection:
+    async def _connect(self, origin: tuple[str, str, int], request: httpx.Request | None) -> _Connection:
         scheme, host, port = origin
         context = None
         if scheme == "https":
@@ -119,10 +155,11 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
         self,
         conn: _Connection,
         origin: tuple[str, str, int],
-        request: httpx.Request,
+        method: str,
+        request: httpx.Request | None,
         head: bytes,
         body: bytes,
-    ) -> httpx.Response:
+    ) -> UpstreamResponse:
         try:
             conn.writer.write(head + body)
             await conn.writer.drain()
@@ -149,7 +186,7 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
         names = {name.lower(): value for name, value in headers}
         connection = names.get(b"connection", b"").lower()
         keep_alive = b"close" not in connection and (not http10 or b"keep-alive" in connection)
-        if request.method == "HEAD" or status in _NO_BODY_STATUS or status == 101:
+        if method == "HEAD" or status in _NO_BODY_STATUS or status == 101:
             framing, length = "none", 0
         elif b"chunked" in names.get(b"transfer-encoding", b"").lower():
             framing, length = "chunked", 0
@@ -165,16 +202,10 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
         stream = _Body(self, conn, origin, request, framing, length, keep_alive)
         if framing == "none":
             stream.finish()
-        return httpx.Response(
-            status,
-            headers=headers,
-            stream=stream,
-            request=request,
-            extensions={"http_version": b"HTTP/1.0" if http10 else b"HTTP/1.1", "reason_phrase": reason},
-        )
+        return UpstreamResponse(status, reason, headers, stream, b"HTTP/1.0" if http10 else b"HTTP/1.1")
 
 
-async def _timed(awaitable: Awaitable[T], timeout_s: float | None, request: httpx.Request) -> T:
+async def _timed(awaitable: Awaitable[T], timeout_s: float | None, request: httpx.Request | None) -> T:
     """Await a read, as an httpx ``ReadTimeout`` if it takes over ``timeout_s`` (None: no limit)."""
     if timeout_s is None:
         return await awaitable
@@ -182,6 +213,33 @@ async def _timed(awaitable: Awaitable[T], timeout_s: float | None, request: http
         return await asyncio.wait_for(awaitable, timeout_s)
     except TimeoutError as exc:
         raise httpx.ReadTimeout(f"upstream sent nothing for {timeout_s:g} s", request=request) from exc
+
+
+class UpstreamResponse:
+    """An answer from the upstream: status, raw headers (as received) and the body stream."""
+
+    __slots__ = ("headers", "http_version", "reason", "status_code", "stream")
+
+    def __init__(
+        self,
+        status_code: int,
+        reason: bytes,
+        headers: list[tuple[bytes, bytes]],
+        stream: _Body,
+        http_version: bytes,
+    ) -> None:
+        self.status_code = status_code
+        self.reason = reason
+        self.headers = headers
+        self.stream = stream
+        self.http_version = http_version
+
+    def aiter_raw(self) -> AsyncIterator[bytes]:
+        """The body as it arrives (de-chunked, never decoded); read it to the end or ``aclose``."""
+        return self.stream.__aiter__()
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
 
 
 class _StaleConnection(Exception):
@@ -196,7 +254,7 @@ class _Body(httpx.AsyncByteStream):
         transport: UpstreamTransport,
         conn: _Connection,
         origin: tuple[str, str, int],
-        request: httpx.Request,
+        request: httpx.Request | None,
         framing: str,
         length: int,
         keep_alive: bool,
@@ -286,10 +344,9 @@ def _default_port(scheme: str) -> int:
     return 443 if scheme == "https" else 80
 
 
-def _request_head(request: httpx.Request) -> bytes:
-    target = request.url.raw_path or b"/"
-    lines = [request.method.encode("ascii") + b" " + target + b" HTTP/1.1"]
-    lines += [name + b": " + value for name, value in request.headers.raw]
+def _request_head(method: str, target: bytes, headers: list[tuple[bytes, bytes]]) -> bytes:
+    lines = [method.encode("ascii") + b" " + target + b" HTTP/1.1"]
+    lines += [name + b": " + value for name, value in headers]
     return b"\r\n".join(lines) + b"\r\n\r\n"
 
 
@@ -300,7 +357,9 @@ async def _request_body(request: httpx.Request) -> bytes:
     return body
 
 
-def _parse_head(raw: bytes, request: httpx.Request) -> tuple[int, bytes, list[tuple[bytes, bytes]], bool]:
+def _parse_head(
+    raw: bytes, request: httpx.Request | None
+) -> tuple[int, bytes, list[tuple[bytes, bytes]], bool]:
     lines = raw[:-4].split(b"\r\n")
     parts = lines[0].split(b" ", 2)
     if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():

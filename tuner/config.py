@@ -16,6 +16,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from tuner.alerts.settings import AlertsSection
+from tuner.exporters.settings import ExportersSection
+
 
 class ConfigError(ValueError):
     """The config file cannot be used. ``problems`` holds one ``key: message`` line per problem."""
@@ -61,6 +64,7 @@ class RestartActuatorSection(_Section):
     pass_shutdown_timeout: bool = Field(
         default=True, description="append --shutdown-timeout to argv (vLLM ≥ 0.11 understands it)"
     )
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment for the server (TMPDIR, ...)")
 
 
 class CommandActuatorSection(_Section):
@@ -85,17 +89,76 @@ class WebhookActuatorSection(_Section):
         return value
 
 
+class LiveActuatorSection(_Section):
+    """Change K (the per-batch-size K table) inside the running engine through the spectuner vLLM plugin;
+    anything else (another draft, K above K_max, live K unsupported) goes to the ``fallback`` actuator."""
+
+    fallback: Literal["restart", "command", "webhook", "none"] = Field(
+        default="restart", description="actuator for changes that cannot be made live (its table is required)"
+    )
+    k_max: int | None = Field(
+        default=None, ge=1, le=64, description="K_max the engine starts with (smaller K are live); default policy.k_max"
+    )
+    verify_timeout_s: float = Field(default=5.0, gt=0, description="how long to watch the step stream for the new K")
+    min_evidence_steps: int = Field(default=2, ge=1, description="steps at the new K that confirm a change")
+    control_timeout_s: float = Field(default=3.0, gt=0, description="control-channel request timeout")
+
+
 class ActuatorSection(_Section):
-    kind: Literal["restart", "command", "webhook", "none"] = "none"
+    kind: Literal["restart", "command", "webhook", "live", "none"] = "none"
     restart: RestartActuatorSection | None = None
     command: CommandActuatorSection | None = None
     webhook: WebhookActuatorSection | None = None
+    live: LiveActuatorSection | None = None
 
     @model_validator(mode="after")
     def _table_for_kind(self) -> ActuatorSection:
         if self.kind != "none" and getattr(self, self.kind) is None:
             raise ValueError(f"kind is {self.kind!r} but there is no [actuator.{self.kind}] table; add one")
+        live = self.live if self.kind == "live" else None
+        if live is not None and live.fallback != "none" and getattr(self, live.fallback) is None:
+            raise ValueError(
+                f"actuator.live.fallback is {live.fallback!r} but there is no [actuator.{live.fallback}] "
+                "table; add one (or set fallback = 'none')"
+            )
         return self
+
+
+class PluginSection(_Section):
+    """The spectuner vLLM plugin inside the engine (docs/plugin.md): where it ships per-step statistics
+    and where its live-K control channel listens. Unset keys: that part is off."""
+
+    ingest_listen: str | None = Field(default=None, description="127.0.0.1:PORT the sidecar receives steps on")
+    control_address: str | None = Field(default=None, description="127.0.0.1:PORT or unix:/abs/path (engine core)")
+    token_file: str = Field(
+        default="plugin.token",
+        description="shared secret (relative to this file); created 0600 if the sidecar starts the engine",
+    )
+
+    @field_validator("ingest_listen")
+    @classmethod
+    def _loopback_port(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        host, _, port = value.rpartition(":")
+        if host not in ("127.0.0.1", "localhost") or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"{value!r} is not 127.0.0.1:PORT; the ingest endpoint listens on loopback only")
+        return value
+
+    @field_validator("control_address")
+    @classmethod
+    def _control(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        from collectors.vllm_plugin.protocol import Address, AddressError
+
+        try:
+            addr = Address.parse(value)
+        except AddressError as exc:
+            raise ValueError(str(exc)) from None
+        if addr.unix_path is None and addr.port == 0:
+            raise ValueError(f"{value!r} needs a fixed port: the sidecar must know where to connect")
+        return value
 
 
 class SpeculativeSection(_Section):
@@ -120,11 +183,74 @@ class SpeculativeSection(_Section):
         return cfg
 
 
+class StepCostSection(_Section):
+    """A measured step-time model T(B, K) = fixed_s + per_token_s·B·(K+1) + K·(draft_fixed_s +
+    draft_per_seq_s·B), in seconds (see docs/policies.md). Replaces ``cost_ratio`` when given."""
+
+    fixed_s: float = Field(gt=0, description="target forward pass, fixed part (s)")
+    per_token_s: float = Field(default=0.0, ge=0, description="target cost per scored token (s)")
+    draft_fixed_s: float = Field(default=0.0, ge=0, description="one draft pass, fixed part (s)")
+    draft_per_seq_s: float = Field(default=0.0, ge=0, description="one draft pass, per running sequence (s)")
+
+
 class PolicySection(_Section):
     k_max: int = Field(default=8, ge=0, le=64, description="largest K the controller may choose")
     cost_ratio: float = Field(default=0.05, gt=0, lt=10, description="draft step / target step (c)")
     evidence_window_s: float = Field(default=300.0, gt=0, description="how far back a decision looks")
     confidence: float = Field(default=0.95, gt=0.5, lt=1.0)
+    per_batch_size: bool = Field(
+        default=False,
+        description="choose vLLM's num_speculative_tokens_per_batch_size table (K per load) instead of one K; "
+        "the engine then runs at K = k_max and the table picks K per step",
+    )
+    max_batch_size: int = Field(default=16, ge=1, le=4096, description="the table's last row (vLLM --max-num-seqs)")
+    target_params: int | None = Field(default=None, gt=0, description="target parameters (cost ratio of drafts)")
+    step_cost: StepCostSection | None = None
+
+
+class DraftCandidateSection(_Section):
+    """A draft the controller may swap to (``[[drafts]]``)."""
+
+    name: str = Field(min_length=1, max_length=64)
+    method: Literal["draft_model", "eagle", "eagle3", "ngram", "suffix"] = "draft_model"
+    model: str | None = Field(default=None, description="draft path or name (not for ngram/suffix)")
+    num_params: int | None = Field(default=None, ge=0, description="parameters (weights memory, cost ratio)")
+    dtype: str | None = Field(default=None, description="weights dtype; default: the draft's config.json")
+    kv_bytes_per_token: int | None = Field(default=None, ge=0, description="default: from the draft's config.json")
+    prior_alpha: float = Field(default=0.5, gt=0, lt=1, description="expected α until measured on this target")
+    cost_ratio: float | None = Field(default=None, ge=0, lt=10, description="draft pass / target pass (c)")
+    extra: dict[str, Any] = Field(default_factory=dict, description="more speculative-config keys, as they are")
+
+    @model_validator(mode="after")
+    def _model_needed(self) -> DraftCandidateSection:
+        if self.method in ("draft_model", "eagle", "eagle3") and not self.model:
+            raise ValueError(f'draft {self.name!r} ({self.method}) needs a model: set model = "/path/to/draft"')
+        if self.method in ("ngram", "suffix") and self.model:
+            raise ValueError(f"draft {self.name!r}: {self.method} loads no model; remove model")
+        return self
+
+
+class SwapSection(_Section):
+    """When a draft must be replaced: acceptance *staying* below the threshold (DESIGN.md)."""
+
+    enabled: bool = True
+    threshold: float = Field(default=0.4, gt=0, lt=1, description="acceptance below which a draft is replaced")
+    statistic: Literal["alpha", "draft_acceptance_rate"] = Field(
+        default="alpha", description="α̂ (K-independent, default) or vLLM's raw A/T"
+    )
+    duration_s: float = Field(default=600.0, gt=0, description="how long acceptance must stay low")
+    min_drafts: int = Field(default=2000, ge=0, description="drafts of evidence over the duration")
+    segments: int = Field(default=3, ge=1, le=20, description="slices that must each be below the threshold")
+    prior_strength_trials: float = Field(default=200.0, ge=0, description="weight of a candidate's prior α")
+    history_s: float = Field(default=7 * 86400.0, gt=0, description="how far back candidates' α is measured")
+
+
+class MemorySection(_Section):
+    """What speculation may cost in accelerator memory (draft weights + draft KV + K lookahead slots)."""
+
+    budget_bytes: int | None = Field(default=None, ge=0, description="bytes speculation may use; unset: unlimited")
+    tokens_per_seq: int = Field(default=0, ge=0, description="context kept per running sequence (max_model_len)")
+    target_kv_bytes_per_token: int = Field(default=0, ge=0, description="the target's KV bytes per token")
 
 
 class MaintenanceWindow(_Section):
@@ -179,16 +305,31 @@ class SpectunerConfig(_Section):
     guardrails: GuardrailsSection = Field(default_factory=GuardrailsSection)
     controller: ControllerSection = Field(default_factory=ControllerSection)
     database: DatabaseSection = Field(default_factory=DatabaseSection)
+    plugin: PluginSection = Field(default_factory=PluginSection)
+    exporters: ExportersSection = Field(default_factory=ExportersSection)
+    alerts: AlertsSection = Field(default_factory=AlertsSection)
+    drafts: list[DraftCandidateSection] = Field(default_factory=list, description="swap candidates ([[drafts]])")
+    swap: SwapSection = Field(default_factory=SwapSection)
+    memory: MemorySection = Field(default_factory=MemorySection)
     # Where the file was read from (relative paths resolve against its directory).
     base_dir: Path = Field(default=Path("."), exclude=True)
 
     @model_validator(mode="after")
     def _consistent(self) -> SpectunerConfig:
+        if self.actuator.kind == "live" and not self.plugin.control_address:
+            raise ValueError(
+                "actuator.kind is 'live' but plugin.control_address is not set: give the engine core's control "
+                'channel address (e.g. control_address = "unix:/run/spectuner/control.sock")'
+            )
         if self.controller.mode is Mode.AUTO and self.actuator.kind == "none":
             raise ValueError(
                 "controller.mode is 'auto' but actuator.kind is 'none': choose an actuator "
                 "(restart, command, webhook) or set mode = 'advisory'"
             )
+        names = [d.name for d in self.drafts]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"drafts: the name(s) {', '.join(dupes)} appear more than once; names must be unique")
         if self.speculative.num_speculative_tokens > self.policy.k_max:
             raise ValueError(
                 f"speculative.num_speculative_tokens ({self.speculative.num_speculative_tokens}) is above "

@@ -1,7 +1,11 @@
-"""`spectuner demo`: a real lab engine, a phased workload, and live speculation statistics per interval.
+"""`spectuner demo` (`make demo`): the closed loop on a real lab engine.
 
-The collector scrapes the engine's ``/metrics`` every interval; each window's counters go through the
-same estimator the controller uses (α̂ with its interval) and are printed beside vLLM's own figures.
+The sidecar daemon (the same :class:`~tuner.daemon.Daemon` as ``spectuner run``) supervises a vLLM
+server that starts with the *weak* draft. A steady workload runs in phases; spectuner measures α̂,
+sees acceptance staying below 0.4, swaps to the best candidate (a restart), and from then on the
+per-batch-size table it chose picks K per step as concurrency moves 1 → 16 → 1. Every decision is
+printed with its reason and predicted gain as it happens; at the end a summary shows each phase's
+goodput and latency, and each decision's predicted and realized gain (from the audit log).
 """
 
 from __future__ import annotations
@@ -9,159 +13,243 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+import tomllib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
 from rich.console import Console
 from rich.table import Table
 
-from collectors.records import WindowRecord
-from collectors.scrape import Collector
 from policies.acceptance import estimate_alpha
-from policies.counters import SpecCounters
-from tuner.lab.load import LoadResult, run_load
+from tuner.config import parse_config
+from tuner.controller.evidence import effective_counters
+from tuner.controller.reconcile import TickResult
+from tuner.daemon import Daemon
+from tuner.lab.closed_loop import LoopSettings, lab_daemon_config
 from tuner.lab.models import build_models
-from tuner.lab.prompts import PROMPT_SETS
+from tuner.lab.prompts import HARD, PREDICTABLE
 from tuner.lab.serve import LabServer
-from tuner.store import Store, upgrade
+from tuner.lab.workload import BackgroundLoad, PhaseStats
+from tuner.store import DecisionStatus, Store, StoredDecision, upgrade
+
+# Easy and hard prompts alternate: the weak draft's α̂ is ~0.2 on this mix, the good one's above 0.85.
+PROMPTS = tuple(p for pair in zip(PREDICTABLE, HARD, strict=False) for p in pair)
 
 
 @dataclass(frozen=True)
-class Phase:
+class LoopPhase:
     name: str
-    prompts: str
     concurrency: int
-    count: int
-    max_tokens: int = 64
+    duration_s: float
+    until_swap: bool = False  # end early once a draft swap has been applied (bounded by duration_s)
 
 
-DEFAULT_PHASES: tuple[Phase, ...] = (
-    Phase("predictable, 1 stream", "predictable", 1, 24),
-    Phase("hard, 1 stream", "hard", 1, 24),
-    Phase("predictable, 8 streams", "predictable", 8, 64),
+DEFAULT_PHASES: tuple[LoopPhase, ...] = (
+    LoopPhase("weak draft, 1 stream", 1, 240.0, until_swap=True),
+    LoopPhase("1 stream", 1, 45.0),
+    LoopPhase("16 streams", 16, 50.0),
+    LoopPhase("back to 1 stream", 1, 30.0),
 )
 
 
 @dataclass
 class DemoResult:
     startup_s: float
-    windows: list[WindowRecord]
-    loads: list[tuple[Phase, LoadResult]]
-    total: SpecCounters
+    phases: list[PhaseStats]
+    decisions: list[StoredDecision]
+    changes: int
+    swaps: int
+    elapsed_s: float
+    printed: list[str] = field(default_factory=list)
 
 
 def _fmt(v: float | None, spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
 
+class _TickPrinter:
+    """Prints each controller step that says something new (a blocked proposal once, not every tick)."""
+
+    def __init__(self, console: Console, store: Store, t0: float) -> None:
+        self.console, self.store, self.t0 = console, store, t0
+        self.last: tuple[str, str] | None = None
+        self.swapped = threading.Event()
+
+    def __call__(self, tick: TickResult) -> None:
+        if tick.action in ("none", "hold") or (tick.action, tick.reason) == self.last:
+            return
+        self.last = (tick.action, tick.reason)
+        gain = ""
+        if tick.decision_id is not None:
+            d = self.store.decision(tick.decision_id)
+            if d.decision.predicted_gain is not None:
+                gain = f" predicted ×{d.decision.predicted_gain:.2f}"
+            if d.realized_gain is not None:
+                gain += f", realized ×{d.realized_gain:.2f}"
+            if tick.action == "applied" and d.decision.reason in ("swap_draft", "fallback_ngram"):
+                self.swapped.set()
+        style = {"applied": "green", "rolled_back": "red", "failed": "red", "blocked": "yellow"}.get(tick.action, "")
+        head = f"[{style}]{tick.action}[/]" if style else tick.action
+        self.console.print(f"{time.monotonic() - self.t0:6.0f}s  decision {head} ({tick.reason}){gain}: {tick.message}")
+
+
+def _engine_up(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2.0).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _status_line(store: Store, daemon: Daemon, load: BackgroundLoad, t0: float, phase: str) -> str:
+    keys = daemon.controller.engine_keys()
+    if not keys:
+        return f"{time.monotonic() - t0:6.0f}s  [{phase}] waiting for the engine"
+    cfg = store.current_config(keys[0])
+    w = store.latest_window(keys[0])
+    draft = "-"
+    if cfg is not None:
+        model = cfg.config.draft_model
+        draft = Path(model).name.removeprefix("draft-") if model else cfg.config.method
+    tok_s = w.generation_tokens / w.duration_s if w is not None and w.duration_s > 0 else None
+    alpha, k_drafted = "-", "-"
+    if w is not None and w.spec is not None and w.spec.drafts > 0:
+        k_drafted = f"{w.spec.draft_tokens / w.spec.drafts:.1f}"
+        eff = effective_counters(w.spec)
+        est = estimate_alpha(eff) if eff is not None else None
+        if est is not None and est.alpha is not None and est.alpha_ci is not None:
+            alpha = f"{est.alpha:.2f} [{est.alpha_ci[0]:.2f},{est.alpha_ci[1]:.2f}]"
+    elif w is not None:
+        k_drafted = "0"
+    running = _fmt(w.requests_running if w is not None else None, ".0f")
+    age_s = (daemon.clock() - w.end).total_seconds() if w is not None else 0.0
+    if age_s > 3 * daemon.config.controller.collect_interval_s:
+        return f"{time.monotonic() - t0:6.0f}s  [{phase}] no fresh window for {age_s:.0f} s (engine restarting)"
+    return (
+        f"{time.monotonic() - t0:6.0f}s  [{phase}] draft={draft} K/step={k_drafted} running={running} "
+        f"α̂={alpha} {_fmt(tok_s, '.0f')} tok/s"
+    )
+
+
 def run_demo(
     models_dir: Path,
-    draft: str = "medium",
-    k: int = 3,
-    interval_s: float = 5.0,
-    phases: Sequence[Phase] = DEFAULT_PHASES,
+    phases: Sequence[LoopPhase] = DEFAULT_PHASES,
+    settings: LoopSettings = LoopSettings(per_batch_size=True),
     console: Console | None = None,
     db_path: Path | None = None,
+    status_every_s: float = 10.0,
+    on_started: Callable[[LabServer], None] | None = None,
 ) -> DemoResult:
-    console = console or Console(width=None if sys.stdout.isatty() else 120)
+    console = console or Console(width=None if sys.stdout.isatty() else 140)
+    t_begin = time.monotonic()
+    manifest = build_models(models_dir)
+    for d in manifest.drafts.values():
+        if d.greedy_agreement is not None:
+            console.print(f"  draft {d.name:<7} greedy agreement with the target {d.greedy_agreement:.3f}")
     db_path = db_path or Path(models_dir).parent / "demo.db"
     for suffix in ("", "-wal", "-shm"):  # each demo starts from an empty database
         Path(f"{db_path}{suffix}").unlink(missing_ok=True)
     db_url = f"sqlite:///{db_path}"
     upgrade(db_url)
+    server = LabServer(draft=settings.start_draft, k=settings.start_k, models_dir=models_dir)
+    config = parse_config(tomllib.loads(lab_daemon_config(server, db_url, settings)), base_dir=server.workdir)
+    assert server.workdir is not None
+    server.workdir.mkdir(parents=True, exist_ok=True)
+    server.tmp_dir.mkdir(parents=True, exist_ok=True)
     store = Store(db_url)
     t0 = time.monotonic()
-    manifest = build_models(models_dir)
-    console.print(f"lab models ready in {time.monotonic() - t0:.1f}s ({models_dir})")
-    for d in manifest.drafts.values():
-        if d.greedy_agreement is not None:
-            console.print(f"  draft {d.name:<7} {d.params:>9,} params, greedy agreement {d.greedy_agreement:.3f}")
+    printer = _TickPrinter(console, store, t0)
+    daemon = Daemon(config, store, on_tick=printer)
+    console.print(
+        f"spectuner daemon (auto mode) starting vLLM with the [bold]{settings.start_draft}[/] draft at "
+        f"K={settings.start_k} on {server.base_url}; candidates: {', '.join(settings.candidates)}; "
+        f"engine log {server.log_path}"
+    )
+    errors: list[BaseException] = []
 
-    server = LabServer(draft=draft, k=k, models_dir=models_dir)
-    console.print(f"starting vLLM (draft={draft}, K={k}) on {server.base_url}; log {server.log_path}")
-    startup = server.start()
-    console.print(f"engine healthy after {startup:.1f}s")
-    windows: list[WindowRecord] = []
-    loads: list[tuple[Phase, LoadResult]] = []
-    current = {"phase": "idle"}
+    def run_daemon() -> None:
+        try:
+            daemon.run(install_signals=False)
+        except BaseException as exc:  # reported by the main thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=run_daemon, name="spectuner-daemon", daemon=True)
+    thread.start()
+    load = BackgroundLoad(server.base_url, server.model_name, max_tokens=48)
+    startup_s = 0.0
     try:
-        collector = Collector(server.metrics_url, store, interval_s=interval_s, timeout_s=5.0)
-        collector.collect_once()  # baseline
-
-        def workload() -> None:
-            for ph in phases:
-                current["phase"] = ph.name
-                loads.append((ph, run_load(server.base_url, server.model_name, PROMPT_SETS[ph.prompts],
-                                           ph.concurrency, ph.count, ph.max_tokens)))
-            current["phase"] = "done"
-
-        worker = threading.Thread(target=workload, name="demo-load", daemon=True)
-        worker.start()
-        table_cols = ("t (s)", "phase", "drafts", "α̂ [95% CI]", "accept rate", "mean acc len", "tok/s")
-        console.print("  ".join(f"{c:>14}" if i else f"{c:>6}" for i, c in enumerate(table_cols)))
-        started = time.monotonic()
-        while True:
-            worker.join(timeout=interval_s)
-            finished = not worker.is_alive()
-            label = current["phase"]
-            result = collector.collect_once()
-            for w in result.windows:
-                windows.append(w)
-                if w.duration_s < 0.5 and not w.generation_tokens:
-                    continue  # the closing scrape right after the workload: nothing to show
-                _print_window(console, time.monotonic() - started, label, w)
-            if not result.ok:
-                console.print(f"[yellow]scrape failed: {result.error or result.sink_error}[/]")
-            if finished:
-                break
-        worker.join()
+        while not _engine_up(f"{server.base_url}/health"):
+            if errors or not thread.is_alive():
+                raise RuntimeError(f"the daemon stopped before the engine came up: {errors[0] if errors else '?'}")
+            time.sleep(0.5)
+        startup_s = time.monotonic() - t0
+        console.print(f"{startup_s:6.0f}s  engine healthy")
+        if on_started is not None:
+            on_started(server)
+        for phase in phases:
+            console.print(f"[bold]── phase: {phase.name} ({phase.concurrency} concurrent, easy + hard prompts)[/]")
+            load.set_phase(phase.name, PROMPTS, phase.concurrency)
+            end = time.monotonic() + phase.duration_s
+            next_status = time.monotonic() + status_every_s
+            while time.monotonic() < end:
+                if errors:
+                    raise RuntimeError(f"the daemon failed: {errors[0]}")
+                if phase.until_swap and printer.swapped.is_set():
+                    break
+                time.sleep(0.5)
+                if time.monotonic() >= next_status:
+                    console.print(_status_line(store, daemon, load, t0, phase.name), highlight=False, markup=False)
+                    next_status += status_every_s
+            if phase.until_swap and not printer.swapped.is_set():
+                console.print(f"[yellow]no swap within {phase.duration_s:.0f} s[/]")
     finally:
-        server.stop()
-        console.print("engine stopped")
-
-    total = SpecCounters()
-    for w in windows:
-        if w.spec is not None:
-            total = total + w.spec
-    _print_summary(console, startup, windows, loads, total)
-    stored = sum(len(store.windows(e.key)) for e in store.engines())
+        stats = load.stop()
+        daemon.request_stop()
+        thread.join(timeout=120)
+        console.print("daemon stopped; engine stopped")
+    decisions = [
+        d for d in store.decisions() if d.decision.action == "change" and d.decision.status != DecisionStatus.BLOCKED
+    ]
+    applied = [d for d in decisions if d.status in (DecisionStatus.APPLIED, DecisionStatus.VERIFIED, "rolled_back")]
+    swaps = sum(1 for d in applied if d.decision.reason in ("swap_draft", "fallback_ngram"))
+    _print_summary(console, stats, store, startup_s)
     store.close()
-    console.print(f"{stored} windows stored in {db_url}")
-    return DemoResult(startup, windows, loads, total)
+    elapsed = time.monotonic() - t_begin
+    console.print(f"whole demo {elapsed:.0f} s; audit log and windows in {db_url}")
+    return DemoResult(startup_s, stats, decisions, len(applied), swaps, elapsed)
 
 
-def _print_window(console: Console, t: float, phase: str, w: WindowRecord) -> None:
-    tok_s = w.generation_tokens / w.duration_s if w.duration_s > 0 else None
-    if w.spec is None or w.spec.drafts == 0:
-        cells = [f"{t:6.1f}", f"{phase[:14]:>14}", f"{0:>14}", f"{'-':>14}", f"{'-':>14}", f"{'-':>14}",
-                 f"{_fmt(tok_s, '.0f'):>14}"]
-    else:
-        est = estimate_alpha(w.spec)
-        ci = est.alpha_ci
-        alpha = "-" if est.alpha is None or ci is None else f"{est.alpha:.3f} [{ci[0]:.2f},{ci[1]:.2f}]"
-        cells = [
-            f"{t:6.1f}", f"{phase[:14]:>14}", f"{w.spec.drafts:>14}", f"{alpha:>14}",
-            f"{_fmt(est.draft_acceptance_rate, '.3f'):>14}", f"{_fmt(est.mean_acceptance_length, '.2f'):>14}",
-            f"{_fmt(tok_s, '.0f'):>14}",
-        ]
-    console.print("  ".join(cells), highlight=False)
-
-
-def _print_summary(
-    console: Console, startup: float, windows: list[WindowRecord], loads: list[tuple[Phase, LoadResult]],
-    total: SpecCounters,
-) -> None:
-    table = Table(title="workload phases (client side)")
-    for col in ("phase", "requests", "errors", "tokens", "tok/s", "p50 s", "p99 s", "drafts / accepted (per request)"):
+def _print_summary(console: Console, stats: Sequence[PhaseStats], store: Store, startup_s: float) -> None:
+    table = Table(title="phases (client side)")
+    for col in ("phase", "s", "requests", "errors", "tok/s", "p50 s", "p99 s"):
         table.add_column(col)
-    for ph, res in loads:
-        s = res.summary()
-        table.add_row(ph.name, str(s["requests"]), str(s["errors"]), str(s["output_tokens"]),
-                      str(s["tokens_per_s"]), _fmt(s["p50_latency_s"], ".3f"), _fmt(s["p99_latency_s"], ".3f"),
-                      f"{s['drafts']} / {s['accepted_tokens']}")
+    for p in stats:
+        table.add_row(
+            p.phase, f"{p.duration_s:.0f}", str(len(p.completions)), str(p.errors), f"{p.tokens_per_s:.0f}",
+            _fmt(p.latency_quantile(0.5), ".3f"), _fmt(p.latency_quantile(0.99), ".3f"),
+        )
     console.print(table)
-    if total.drafts:
-        est = estimate_alpha(total)
-        console.print(f"whole run: {est.message}")
-    console.print(f"engine start-up {startup:.1f}s; {len(windows)} windows collected")
+    audit = Table(title="changes (audit log; proposals held back by a guardrail are counted below)")
+    for col in ("id", "at", "reason", "status", "predicted", "realized", "message"):
+        audit.add_column(col, overflow="fold")
+    held = 0
+    for d in store.decisions():
+        if d.decision.action != "change":
+            continue
+        if d.status == DecisionStatus.BLOCKED:
+            held += 1
+            continue
+        audit.add_row(
+            str(d.id), d.decision.created_at.strftime("%H:%M:%S"), d.decision.reason, d.status,
+            _fmt(d.decision.predicted_gain, ".2f"), _fmt(d.realized_gain, ".2f"),
+            (d.status_message or d.decision.message)[:160],
+        )
+    console.print(audit)
+    console.print(f"{held} proposal(s) held back by guardrails (see `spectuner history` or the decisions table)")
+    events = store.events()
+    console.print("events: " + ", ".join(f"{e.kind}" for e in events if e.kind != "counter_reset") or "none")
+    console.print(f"first engine start {startup_s:.0f} s")
+
+
+__all__ = ["DEFAULT_PHASES", "DemoResult", "LoopPhase", "run_demo"]

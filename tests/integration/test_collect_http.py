@@ -20,11 +20,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from sqlalchemy.exc import IntegrityError
 from typer.testing import CliRunner
 
 from collectors.errors import ScrapeErrorReason
 from collectors.exposition import parse_metrics_page
-from collectors.records import EventRecord, RequestRecord, StepRecord, WindowRecord
+from collectors.records import EngineKey, EngineSample, EventRecord, RequestRecord, StepRecord, WindowRecord
 from collectors.scrape import Collector, metrics_url
 from tuner.cli.main import app
 from tuner.store import Store, upgrade
@@ -130,12 +131,28 @@ class ListSink:
     def __init__(self) -> None:
         self.windows: list[WindowRecord] = []
         self.events: list[EventRecord] = []
+        self.stored_baselines: dict[EngineKey, EngineSample] = {}
+        self.scrape_calls: list[tuple[int, list[str]]] = []  # (windows, event kinds) per transaction
         self.fail_windows = False
 
     def write_windows(self, records: Sequence[WindowRecord]) -> None:
+        raise AssertionError("the collector writes windows through write_scrape")
+
+    def write_scrape(
+        self,
+        windows: Sequence[WindowRecord],
+        events: Sequence[EventRecord] = (),
+        baselines: Sequence[EngineSample] = (),
+    ) -> None:
         if self.fail_windows:
             raise RuntimeError("database is locked")
-        self.windows.extend(records)
+        self.scrape_calls.append((len(windows), [e.kind for e in events]))
+        self.windows.extend(windows)
+        self.events.extend(events)
+        self.stored_baselines.update({b.key: b for b in baselines})
+
+    def baselines(self, url: str) -> list[EngineSample]:
+        return [b for b in self.stored_baselines.values() if b.key.url == url]
 
     def write_requests(self, records: Sequence[RequestRecord]) -> None:
         raise AssertionError("the scrape collector writes no requests")
@@ -257,6 +274,91 @@ def test_an_engine_restart_is_stored_as_a_reset_with_an_event(
         (w,) = store.windows(key)
         assert w.reset and w.spec == sample.spec
     assert sorted(e.kind for e in store.events()) == ["counter_reset", "counter_reset"]
+
+
+def test_a_restart_window_and_its_reset_event_are_one_transaction(
+    page_server: tuple[PageServer, str], store: Store
+) -> None:
+    """The window that counts from an engine restart and its counter_reset event land together or
+    not at all: a window already stored for that time fails the transaction, and no event is left."""
+    state, url = page_server
+    state.script = [Reply(page=PAGE_B), Reply(page=PAGE_RESTARTED)]
+    clock = FakeClock()
+    sink = ListSink()
+    with Collector(url, sink, interval_s=10, timeout_s=2, clock=clock) as collector:
+        collector.collect_once()
+        clock.advance(10)
+        assert collector.collect_once().ok
+    assert sink.scrape_calls == [(0, []), (2, ["counter_reset", "counter_reset"])]
+    # The same transaction against the real store, once more over an existing window: all rolled back.
+    (reset_window, *_) = sink.windows
+    store.write_windows([reset_window])
+    with pytest.raises(IntegrityError):
+        store.write_scrape(sink.windows, sink.events, list(sink.stored_baselines.values()))
+    assert store.events() == [] and len(store.windows(reset_window.key)) == 1
+    assert store.baselines(url) == []
+    store.write_scrape(sink.windows[1:], sink.events, list(sink.stored_baselines.values()))
+    assert sorted(e.kind for e in store.events()) == ["counter_reset", "counter_reset"]
+
+
+def test_a_restarted_collector_resumes_from_the_stored_baseline_without_a_gap(
+    page_server: tuple[PageServer, str], store: Store
+) -> None:
+    state, url = page_server
+    state.script = [Reply(page=PAGE_A), Reply(page=PAGE_B)]
+    clock = FakeClock()
+    with Collector(url, store, interval_s=10, timeout_s=2, clock=clock) as first:
+        baseline = first.collect_once()
+    assert baseline.ok and baseline.windows == ()  # the baseline, stored
+    stored = {s.key: s for s in store.baselines(url)}
+    assert stored == {s.key: s for s in parse_metrics_page(PAGE_A, url=url, ts=clock.now)}  # an exact round trip
+    clock.advance(30)  # the collector is down for 30 s, the engine keeps counting
+    with Collector(url, store, interval_s=10, timeout_s=2, clock=clock) as second:
+        resumed = second.collect_once()
+    assert resumed.ok and len(resumed.windows) == 2  # a window at once, not a new baseline
+    a = {s.key: s for s in parse_metrics_page(PAGE_A, url=url, ts=clock.now)}
+    for b in parse_metrics_page(PAGE_B, url=url, ts=clock.now):
+        (w,) = store.windows(b.key)
+        assert not w.reset and w.duration_s == 30.0
+        assert w.spec is not None and b.spec is not None and a[b.key].spec is not None
+        assert w.spec.drafts == b.spec.drafts - a[b.key].spec.drafts  # type: ignore[union-attr]
+        assert w.generation_tokens == b.generation_tokens - a[b.key].generation_tokens
+        e2e = "vllm:e2e_request_latency_seconds"
+        assert w.e2e_latency is not None
+        assert w.e2e_latency.count == b.histograms[e2e][1] - a[b.key].histograms[e2e][1] > 0
+    assert {s.ts for s in store.baselines(url)} == {clock.now}
+
+
+def test_a_resumed_collector_still_sees_an_engine_restart_as_a_reset(
+    page_server: tuple[PageServer, str], store: Store
+) -> None:
+    state, url = page_server
+    state.script = [Reply(page=PAGE_B), Reply(page=PAGE_RESTARTED)]
+    clock = FakeClock()
+    with Collector(url, store, interval_s=10, timeout_s=2, clock=clock) as first:
+        first.collect_once()
+    clock.advance(10)
+    with Collector(url, store, interval_s=10, timeout_s=2, clock=clock) as second:
+        result = second.collect_once()
+    assert result.ok and len(result.windows) == 2 and all(w.reset for w in result.windows)
+    restarted = {s.key: s for s in parse_metrics_page(PAGE_RESTARTED, url=url, ts=clock.now)}
+    for key, sample in restarted.items():
+        (w,) = store.windows(key)
+        assert w.reset and w.spec == sample.spec
+    assert sorted(e.kind for e in store.events()) == ["counter_reset", "counter_reset"]
+
+
+def test_a_stale_stored_baseline_is_not_resumed(page_server: tuple[PageServer, str]) -> None:
+    state, url = page_server
+    state.script = [Reply(page=PAGE_A), Reply(page=PAGE_B)]
+    sink, clock = ListSink(), FakeClock()
+    with Collector(url, sink, interval_s=10, timeout_s=2, clock=clock) as first:
+        first.collect_once()
+    clock.advance(901)
+    with Collector(url, sink, interval_s=10, timeout_s=2, clock=clock, resume_max_age_s=900) as second:
+        assert second.collect_once().windows == ()  # a fresh baseline: one window over 15 min would blur it
+    with pytest.raises(ValueError, match="resume_max_age_s"):
+        Collector(url, sink, resume_max_age_s=-1)
 
 
 def test_a_failing_store_keeps_the_baseline_so_the_next_window_covers_the_gap(

@@ -4,6 +4,7 @@ fake clock: decide → guardrails → apply → audit → events; verify → rol
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -210,10 +211,12 @@ def test_start_failure_is_rolled_back_recorded_and_not_retried(world: tuple[Stor
     assert current.config.num_spec_tokens == 2
     [event] = store.events(kind="apply_rolled_back")
     assert event.severity == "warning" and "does not exist" in event.data["detail"]
-    # evidence under the restored config accumulates; the same config is not tried again
+    # evidence under the restored config accumulates; the same config is not tried again — the
+    # policy falls back to the best K that has not failed (bounded by cooldown and changes per hour)
     clock.now = write_windows(store, clock.now, 30, k=2, rate=100.0)
-    assert ctl.decide(clock.advance(1)).reason == "known_bad"
-    assert len(act.applied) == 1
+    ctl.decide(clock.advance(1))
+    assert len(act.applied) == 2 and act.applied[1] != act.applied[0]
+    assert [a["num_speculative_tokens"] for a in act.applied].count(act.applied[0]["num_speculative_tokens"]) == 1
 
 
 def test_engine_down_is_a_critical_event(world: tuple[Store, FakeClock, FakeActuator]) -> None:
@@ -347,3 +350,69 @@ def test_switching_cost_uses_the_measured_restart_downtime(world: tuple[Store, F
     result = ctl.decide(clock.now)  # K 2 → 8 gains ~1.39×: 3000 s take ~7700 s to repay
     assert (result.action, result.reason) == ("blocked", "switching_cost")
     assert "3000 s" in result.message and act.applied == []
+
+
+class ProgressActuator(FakeActuator):
+    """Reports the restart actuator's milestone, then 'dies' (raises) as a SIGKILL would stop it."""
+
+    def apply(self, config: SpecConfig) -> ApplyResult:
+        self.progress("start_failed: the draft did not load; restoring the last good config")
+        raise KeyboardInterrupt  # the daemon is killed while restoring
+
+
+def test_kill_during_the_restore_of_a_failed_start_is_recovered_as_a_rollback(
+    world: tuple[Store, FakeClock, FakeActuator],
+) -> None:
+    store, clock, _ = world
+    dying = controller(store, ProgressActuator(K2, clock), clock, guardrails=replace(SETTINGS.guardrails, min_drafts=0))
+    decision_id = store.record_decision(
+        DecisionRecord(
+            created_at=clock.now, action=CHANGE, reason="swap_draft", message="m", inputs={}, mode="auto",
+            engine=KEY, proposed_config=K8, status=DecisionStatus.APPLYING,
+        )
+    )
+    with pytest.raises(KeyboardInterrupt):
+        dying._apply(decision_id, K8, clock.now, [KEY], "restart")
+    assert (store.decision(decision_id).status_message or "").startswith("start_failed")
+    fresh = controller(store, FakeActuator(K2, clock), clock)
+    assert fresh.recover(clock.now) == [decision_id]
+    d = store.decision(decision_id)
+    assert d.status == DecisionStatus.ROLLED_BACK and "restarted the last recorded config" in (d.status_message or "")
+    assert [e.kind for e in store.events(kind="apply_rolled_back")] == ["apply_rolled_back"]
+    # the config that failed to start is not proposed again
+    assert fresh.failed_configs(clock.now) == [K8]
+    assert config_fingerprint(K8) in fresh.state(clock.now, [KEY]).failed_targets
+
+
+def test_a_weak_draft_is_swapped_with_a_draft_swapped_event(db_url: str) -> None:
+    from policies.draft_choice import DraftCandidate, DraftTriggerConfig
+
+    store = Store(db_url)
+    try:
+        clock = FakeClock(T0)
+        weak = {"method": "draft_model", "model": "/models/weak", "num_speculative_tokens": 3}
+        store.record_config(KEY, config_record(weak, T0, AppliedBy.STARTUP))
+        clock.now = write_windows(store, T0, 30, k=3, rate=60.0, alpha=0.25)
+        act = FakeActuator(weak, clock)
+        good = DraftCandidate("good", "draft_model", "/models/good", prior_alpha=0.9, cost_ratio=0.05)
+        policy = replace(SETTINGS.policy, swap=DraftTriggerConfig(duration_s=200, min_drafts=500, segments=2))
+        ctl = Controller(
+            store,
+            act,
+            ControllerSettings(**{**SETTINGS.__dict__, "policy": policy}),
+            clock,
+            candidates=lambda: [good],
+        )
+        first = ctl.decide(clock.now)
+        assert first.action == "blocked" and first.reason == "not_persistent"  # hysteresis: one tick is not enough
+        assert [e.kind for e in store.events(kind="acceptance_low")] == ["acceptance_low"]
+        result = ctl.decide(clock.now + timedelta(seconds=10))
+        assert result.action == "applied", result.message
+        assert act.applied[-1]["model"] == "/models/good"
+        d = store.decision(result.decision_id or 0)
+        assert d.decision.reason == "swap_draft" and (d.decision.predicted_gain or 0) > 1.5
+        assert d.decision.inputs["policy"]["trigger"]["upper"] < 0.4
+        assert [e.kind for e in store.events(kind="draft_swapped")] == ["draft_swapped"]
+        assert len(store.events(kind="acceptance_low")) == 1  # once per config period, not every tick
+    finally:
+        store.close()

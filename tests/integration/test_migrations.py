@@ -96,11 +96,11 @@ def test_upgrade_downgrade_upgrade_keeps_data(empty_db_url: str) -> None:
     before = _fill(url)
     assert before["rollups"]
 
-    # One step down removes the rollups table only; the raw data stays and stays readable.
-    result = downgrade(url, "-1")
+    # Down to 0001 removes the later tables only (rollups, alert deliveries); the raw data stays readable.
+    result = downgrade(url, "0001")
     assert result.from_revision == head_revision() and result.to_revision == "0001"
     tables = _tables(url)
-    assert "window_rollups_1m" not in tables
+    assert not {"window_rollups_1m", "alert_deliveries", "alert_cursors"} & tables
     assert set(DATA_TABLES) <= tables
     engine = make_engine(url)
     with engine.connect() as conn:
@@ -160,6 +160,6 @@ def test_store_refuses_a_schema_from_a_newer_spectuner(db_url: str) -> None:
 
 def test_unknown_revision_is_a_clear_error(empty_db_url: str) -> None:
     upgrade(empty_db_url)
-    with pytest.raises(RevisionError, match="Known revisions: 0002, 0001"):
+    with pytest.raises(RevisionError, match=r"Known revisions: .*0002, 0001"):
         downgrade(empty_db_url, "nope")
     assert current_revision(empty_db_url) == head_revision()

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from tuner.cli.main import app
 from tuner.store import current_revision, head_revision
+from tuner.store.schema import script_directory
 
 runner = CliRunner()
 REPO = Path(__file__).resolve().parents[2]
@@ -39,23 +40,24 @@ def test_upgrade_current_downgrade_round_trip(empty_db_url: str) -> None:
 
     code, out = db("downgrade", "-1", "--db", empty_db_url, "--json")  # `-1` must read as the revision
     assert code == 0, out
-    assert json.loads(out)["to"] == "0001"
+    previous = script_directory().get_revision(head_revision()).down_revision
+    assert json.loads(out)["to"] == previous
 
     code, out = db("current", "--db", empty_db_url)
     assert code == 0
-    assert "revision 0001" in out and f"run `spectuner db upgrade --db {empty_db_url}`" in out
+    assert f"revision {previous}" in out and f"run `spectuner db upgrade --db {empty_db_url}`" in out
 
     code, out = db("upgrade", "--db", empty_db_url)
-    assert code == 0 and "from 0001 to 0002" in out
+    assert code == 0 and f"from {previous} to {head_revision()}" in out
     code, out = db("upgrade", "--db", empty_db_url)
-    assert code == 0 and "already at revision 0002" in out
+    assert code == 0 and f"already at revision {head_revision()}" in out
 
 
 def test_downgrade_defaults_to_one_step(empty_db_url: str) -> None:
     assert db("upgrade", "--db", empty_db_url)[0] == 0
     code, out = db("downgrade", "--db", empty_db_url, "--json")
     assert code == 0, out
-    assert current_revision(empty_db_url) == "0001"
+    assert current_revision(empty_db_url) == script_directory().get_revision(head_revision()).down_revision
 
 
 def test_usage_errors_exit_2(tmp_path: Path) -> None:

@@ -84,6 +84,49 @@ def test_steps_round_trip(store: Store) -> None:
     assert store.steps(B) == records[3:]
 
 
+@pytest.mark.parametrize("extra", [-1, 0, 1])
+def test_batches_around_the_multi_row_statement_size_round_trip_in_order(store: Store, extra: int) -> None:
+    """SQLite inserts whole multi-row statements and then the remainder row by row: every split
+    (none left over, some, a batch smaller than one statement) keeps every row and its order."""
+    per_request = store._fast_requests.rows_per_statement
+    per_step = store._fast_steps.rows_per_statement
+    requests = [request(i, request_id=f"r{i}", prompt_tokens=i) for i in range(2 * per_request + extra)]
+    steps = [step(i, key=A if i % 3 else B, batch_size=i) for i in range(per_step + extra)]
+    store.write_requests(requests)
+    store.write_steps(steps)
+    store.write_requests(requests[:1])
+    assert store.requests() == sorted(requests + requests[:1], key=lambda r: r.ts)
+    assert store.steps(A) + store.steps(B) == [s for s in steps if s.key == A] + [s for s in steps if s.key == B]
+
+
+def test_collector_baselines_round_trip_and_are_replaced_per_engine(store: Store) -> None:
+    from collectors.records import EngineSample
+
+    inf = float("inf")
+    first = EngineSample(
+        key=A,
+        ts=T0,
+        spec=spec(),
+        generation_tokens=1234.0,
+        prompt_tokens=99.0,
+        requests_running=2.0,
+        kv_cache_usage=0.5,
+        cache_config={"block_size": "16"},
+        histograms={"vllm:e2e_request_latency_seconds": (((0.1, 3.0), (1.0, 7.0), (inf, 9.0)), 9.0, 4.25)},
+        created_s=1_765_000_000.25,
+    )
+    spec_off = EngineSample(key=B, ts=T0, spec=None, generation_tokens=5.0)
+    store.write_scrape([], [], [first, spec_off])
+    assert {b.key: b for b in store.baselines(A.url)} == {A: first, B: spec_off}
+    later = replace(first, ts=T0 + timedelta(seconds=10), generation_tokens=2000.0)
+    store.write_scrape([window(0)], [], [later])  # the window and the moved baseline together
+    assert {b.key: b for b in store.baselines(A.url)} == {A: later, B: spec_off}
+    assert store.baselines("http://elsewhere/metrics") == []
+    with pytest.raises(InvalidRecordError, match="baseline 1 of 1"):
+        store.write_scrape([window(1)], [], [replace(later, generation_tokens=-1.0)])
+    assert len(store.windows(A)) == 1  # the window of the refused call was not written either
+
+
 def test_events_round_trip(store: Store) -> None:
     records = [
         EventRecord(

@@ -418,6 +418,40 @@ def test_records_land_in_the_real_store(upstream: ThreadedServer, db_url: str) -
     assert sum(r.num_spec_steps for r in stored) == sum(spec_for(n)["num_spec_steps"] for n in (4, 8, 16))
 
 
+def test_requests_are_tagged_with_the_config_in_force_when_they_finished(upstream: ThreadedServer, db_url: str) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from collectors.records import EngineKey
+    from collectors.scrape import metrics_url
+    from tuner.store import EngineConfigRecord
+    from tuner.store.tagging import RequestConfigTagger
+
+    t0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+    engine_url = metrics_url(upstream.url)
+    times = iter([t0 + timedelta(seconds=s) for s in (5, 65, 70)])
+    with Store(db_url) as store:
+        # Data-parallel rank 1 has a config of its own; rank 0's is the one used. Another server's
+        # engine serving the same model name must not be taken.
+        first = store.record_config(EngineKey(engine_url, "target", "0"), EngineConfigRecord("draft_model", t0))
+        store.record_config(EngineKey(engine_url, "target", "1"), EngineConfigRecord("ngram", t0))
+        store.record_config(EngineKey("http://10.9.9.9:8000/metrics", "target", "0"), EngineConfigRecord("ngram", t0))
+        second = store.record_config(
+            EngineKey(engine_url, "target", "0"), EngineConfigRecord("draft_model", t0 + timedelta(seconds=60))
+        )
+        writer: BatchWriter[RequestRecord] = BatchWriter(
+            RequestConfigTagger(store, engine_url), flush_interval_s=0.05, linger_s=0.5
+        )
+        proxy = TapProxy(upstream.url, writer, clock=lambda: next(times))
+        with ThreadedServer(create_tap_app(proxy)) as server:
+            for n in (4, 8):
+                assert httpx.post(f"{server.url}/v1/completions", json={"model": "target", "max_tokens": n}).is_success
+            settled(proxy, 2)
+            unknown = httpx.post(f"{server.url}/v1/completions", json={"model": "nope", "max_tokens": 2})
+            assert unknown.status_code == 404
+        stored = store.requests()
+    assert [(r.output_tokens, r.config_id) for r in stored] == [(4, first), (8, second), (0, None)]
+
+
 @pytest.mark.parametrize("listen", ["0.0.0.0:8001", "10.1.2.3:80", "127.0.0.1", "127.0.0.1:0", "127.0.0.1:x"])
 def test_listen_must_be_a_loopback_host_and_port(listen: str) -> None:
     with pytest.raises(ValueError, match="--listen"):
@@ -544,3 +578,50 @@ def test_an_upstream_with_a_path_prefix_keeps_it(upstream: ThreadedServer) -> No
     assert (first["raw_path"], first["query"]) == ("/echo/x/y", "z=1")
     assert again["raw_path"] == "/echo/x/y"
     assert other["raw_path"] == "/echo/other"
+
+
+def test_tap_cli_refuses_a_bad_metrics_url() -> None:
+    from typer.testing import CliRunner
+
+    from tuner.cli.main import app
+
+    result = CliRunner().invoke(
+        app, ["tap", "--upstream", "http://127.0.0.1:1", "--metrics-url", "ftp://x", "--no-record"]
+    )
+    assert result.exit_code == 2
+    assert "--metrics-url" in result.output
+
+
+def test_a_client_leaving_mid_stream_stops_the_upstream_stream_at_once(
+    tap: tuple[ThreadedServer, TapProxy, ListSink],
+) -> None:
+    """A gone client must not keep vLLM generating: the relay is cancelled and the upstream
+    connection closed long before the stream would have ended (20 chunks × 0.3 s)."""
+    server, proxy, sink = tap
+    body = {"model": "target", "max_tokens": 9, "stream": True, "chunks": 20, "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body) as response:
+        first = next(response.iter_raw())
+        assert first.startswith(b"data: ")
+    left = time.monotonic()
+    while proxy.stats.not_recorded["incomplete_stream"] < 1:
+        assert time.monotonic() - left < 3, f"the relay went on after the client left: {proxy.stats}"
+        time.sleep(0.02)
+    assert proxy.stats.recorded == 0 and sink.requests == []
+    # The tap still serves the next client normally.
+    r = httpx.post(f"{server.url}/v1/completions", json={"model": "target", "max_tokens": 3})
+    assert r.status_code == 200
+
+
+def test_startup_hook_runs_once_and_the_latency_tuning_is_process_wide(upstream: ThreadedServer) -> None:
+    called: list[int] = []
+    proxy = TapProxy(upstream.url, None)
+    with ThreadedServer(create_tap_app(proxy, on_startup=lambda: called.append(1))) as server:
+        assert httpx.get(f"{server.url}/_spectuner/tap").json()["requests"] == 0
+    assert called == [1]
+    # In its own process (it changes the interpreter's GC and GIL settings for good).
+    code = (
+        "import gc, sys; from collectors.tap import tune_process_for_latency as t; t(); "
+        "print(sys.getswitchinterval(), gc.get_freeze_count() > 1000)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.split() == ["0.0005", "True"]

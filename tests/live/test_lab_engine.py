@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -10,7 +9,6 @@ import pytest
 
 from collectors.exposition import parse_metrics_page
 from collectors.scrape import utc_now
-from policies.acceptance import estimate_alpha
 from policies.counters import SpecCounters
 from tuner.engine.process import EngineStartError, group_alive
 from tuner.lab.load import run_load
@@ -58,30 +56,8 @@ def test_metrics_counters_equal_per_request_sums(lab_engine: LabServer) -> None:
         assert len(r.spec["acceptance_histogram"]) == lab_engine.k + 1
 
 
-def test_good_draft_accepts_far_more_than_weak(
-    lab_engine: LabServer, start_lab_server: Callable[..., LabServer]
-) -> None:
-    weak = start_lab_server(draft="weak", k=3)
-    alphas = {}
-    for name, server in (("good", lab_engine), ("weak", weak)):
-        before = _spec_totals(server)
-        res = run_load(server.base_url, server.model_name, PREDICTABLE + HARD, concurrency=4, count=16,
-                       max_tokens=48)
-        assert res.errors == 0
-        after = _spec_totals(server)
-        delta = SpecCounters(
-            drafts=after.drafts - before.drafts,
-            draft_tokens=after.draft_tokens - before.draft_tokens,
-            accepted_tokens=after.accepted_tokens - before.accepted_tokens,
-            accepted_per_pos=tuple(a - b for a, b in zip(after.accepted_per_pos,
-                                                          before.accepted_per_pos or (0,) * 3, strict=True)),
-        )
-        est = estimate_alpha(delta)
-        assert est.alpha is not None and est.alpha_ci is not None
-        alphas[name] = est
-    assert alphas["good"].alpha > 0.85
-    assert alphas["weak"].alpha_ci[1] < 0.4  # clearly below the swap threshold
-    assert alphas["good"].alpha_ci[0] > alphas["weak"].alpha_ci[1] + 0.4
+# The draft ladder straddling 0.4 (weak's upper bound below it, good's α̂ above 0.85) is checked in
+# tests/live/test_closed_loop_live.py, on the engines the controller starts, instead of a separate start.
 
 
 def test_engine_that_dies_while_starting_leaves_nothing(lab_models: Manifest, tmp_path: Path) -> None:

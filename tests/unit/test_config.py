@@ -138,3 +138,32 @@ def test_run_check_validates_and_exits_0(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["run", "--config", str(path), "--check"])
     assert result.exit_code == 2
     assert "spectuner db upgrade" in result.output
+
+
+def test_draft_candidates_swap_and_memory_sections() -> None:
+    data = {
+        **MINIMAL,
+        "drafts": [
+            {"name": "small", "model": "/models/small", "prior_alpha": 0.7},
+            {"name": "ngram", "method": "ngram", "extra": {"prompt_lookup_max": 5}},
+        ],
+        "swap": {"threshold": 0.35, "duration_s": 120, "statistic": "draft_acceptance_rate"},
+        "memory": {"budget_bytes": 2_000_000_000},
+        "policy": {"per_batch_size": True, "max_batch_size": 64, "step_cost": {"fixed_s": 0.03}},
+    }
+    cfg = parse_config(data)
+    assert [d.name for d in cfg.drafts] == ["small", "ngram"] and cfg.drafts[0].method == "draft_model"
+    assert cfg.swap.threshold == 0.35 and cfg.swap.statistic == "draft_acceptance_rate"
+    assert cfg.memory.budget_bytes == 2_000_000_000
+    assert cfg.policy.step_cost is not None and cfg.policy.step_cost.per_token_s == 0.0
+
+
+def test_bad_draft_candidates_are_named() -> None:
+    dupes = {**MINIMAL, "drafts": [{"name": "a", "model": "/m"}, {"name": "a", "model": "/n"}]}
+    assert any("appear more than once" in p for p in problems(dupes))
+    no_model = {**MINIMAL, "drafts": [{"name": "b"}]}
+    assert any(p.startswith("drafts.0") and "needs a model" in p for p in problems(no_model))
+    ngram_model = {**MINIMAL, "drafts": [{"name": "c", "method": "ngram", "model": "/m"}]}
+    assert any("loads no model" in p for p in problems(ngram_model))
+    bad_threshold = {**MINIMAL, "swap": {"threshold": 1.5}}
+    assert any(p.startswith("swap.threshold") for p in problems(bad_threshold))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -15,6 +16,9 @@ SpecConfig = dict[str, Any]  # vLLM's --speculative-config as a JSON object
 def config_fingerprint(config: SpecConfig | None) -> str:
     """A stable text identity of a config (key order does not matter)."""
     return json.dumps(config, sort_keys=True, separators=(",", ":"))
+
+
+START_FAILED = "start_failed"  # progress note: the new config did not come up; restoring the old one
 
 
 class ApplyStatus(StrEnum):
@@ -50,9 +54,16 @@ class Actuator(ABC):
 
     def __init__(self) -> None:
         self.current: SpecConfig | None = None  # last config known to be in force
+        # Milestones of a long apply (e.g. "start_failed: ..."), written to the audit row as they happen
+        # so a daemon killed mid-apply can tell on restart how far the apply got.
+        self.progress: Callable[[str], None] = lambda note: None
 
     @abstractmethod
     def apply(self, config: SpecConfig) -> ApplyResult: ...
+
+    def needs_restart_for(self, config: SpecConfig) -> bool:
+        """Whether applying ``config`` interrupts serving (the live actuator: only what it cannot do live)."""
+        return self.needs_restart
 
     def start(self, config: SpecConfig) -> ApplyResult:
         """Bring the engine up with ``config`` (actuators that do not manage an engine just remember it)."""

@@ -18,7 +18,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from tuner.actuators.base import Actuator, ApplyResult, ApplyStatus, SpecConfig, config_fingerprint
+from tuner.actuators.base import START_FAILED, Actuator, ApplyResult, ApplyStatus, SpecConfig, config_fingerprint
 from tuner.engine.process import EngineProcess, EngineStartError, group_alive
 
 log = logging.getLogger(__name__)
@@ -175,6 +175,7 @@ class RestartActuator(Actuator):
                 self._launch(config)
             except EngineStartError as exc:
                 log.warning("restart actuator: new config failed to start (%s); restoring the last good one", exc)
+                self.progress(f"{START_FAILED}: {exc}; restoring the last good config")
                 return self._restore(config, exc, t0)
             downtime_s = time.monotonic() - t0
             self.current = self.last_good = dict(config)

@@ -6,28 +6,29 @@ from pathlib import Path
 
 import typer
 
-from tuner.cli.common import err_console, fail_runtime, fail_usage
+from tuner.cli.common import fail_runtime, fail_usage
 from tuner.lab.models import DEFAULT_MODELS_DIR
 
 
 def demo_cmd(
     models_dir: Path = typer.Option(DEFAULT_MODELS_DIR, "--models-dir", help="Lab models (built if missing)."),
-    draft: str = typer.Option("medium", "--draft", help="Draft the engine starts with."),
-    k: int = typer.Option(3, "--k", min=0, help="num_speculative_tokens to start with."),
-    interval_s: float = typer.Option(5.0, "--interval-s", min=0.5, help="Seconds between scrapes."),
+    per_batch_size: bool = typer.Option(
+        True, "--per-batch-size/--single-k", help="Let the controller choose a per-batch-size K table."
+    ),
 ) -> None:
-    """Start the lab engine, run a phased workload, print live speculation statistics per interval."""
+    """The closed loop on the lab engine: weak draft → swap → K per load, every decision explained."""
     from tuner.demo import run_demo
-    from tuner.engine.process import EngineStartError
+    from tuner.lab.closed_loop import LoopSettings
     from tuner.lab.serve import LabUsageError
 
     try:
-        run_demo(models_dir, draft=draft, k=k, interval_s=interval_s)
+        result = run_demo(models_dir, settings=LoopSettings(per_batch_size=per_batch_size))
     except LabUsageError as e:
         fail_usage(str(e))
-    except EngineStartError as e:
-        err_console.print(e.log_tail, markup=False, highlight=False)
+    except RuntimeError as e:
         fail_runtime(str(e))
+    if result.swaps != 1:
+        fail_runtime(f"expected exactly one draft swap, saw {result.swaps}; see the audit log above")
 
 
 def register(app: typer.Typer) -> None:

@@ -70,8 +70,8 @@ def run(
             typer.echo(f"[{result.action}] {result.reason}: {result.message}")
         sys.stdout.flush()
 
-    daemon = Daemon(cfg, store, on_tick=show)
     try:
+        daemon = Daemon(cfg, store, on_tick=show)  # may refuse (e.g. the live actuator's token file is missing)
         daemon.run()
     except DaemonStartError as exc:
         fail_runtime(str(exc))

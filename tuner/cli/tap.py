@@ -11,7 +11,8 @@ import uvicorn
 
 from collectors.batch_writer import BatchWriter
 from collectors.records import RequestRecord
-from collectors.tap import TRANSPORTS, TapProxy, create_tap_app, parse_listen
+from collectors.scrape import metrics_url
+from collectors.tap import TRANSPORTS, TapProxy, create_tap_app, parse_listen, tune_process_for_latency
 from tuner.cli.common import fail_runtime, fail_usage, out_console
 from tuner.store import DatabaseUrlError, SchemaError, Store, resolve_db_url
 
@@ -39,6 +40,12 @@ def tap(
     http_client: str = typer.Option(
         "lean", "--http-client", help="Upstream HTTP client: lean (default, fastest) or httpcore (httpx's own)."
     ),
+    metrics_url_option: str | None = typer.Option(
+        None,
+        "--metrics-url",
+        help="The engine's /metrics URL as the collector scrapes it (default: UPSTREAM/metrics); requests "
+        "are tagged with the config in force on that engine.",
+    ),
 ) -> None:
     """Forward OpenAI API traffic to vLLM untouched and store each response's per-request
     speculative-decoding metrics (vLLM needs --per-request-spec-decode-metrics summary|detailed;
@@ -57,6 +64,10 @@ def tap(
         fail_usage("--batch-size and --max-queue must be at least 1")
     if http_client not in TRANSPORTS:
         fail_usage(f"--http-client must be one of {', '.join(TRANSPORTS)}, not {http_client!r}")
+    try:
+        engine_metrics_url = metrics_url(metrics_url_option or upstream)
+    except ValueError as exc:
+        fail_usage(f"--metrics-url: {exc}")
 
     store: Store | None = None
     writer: BatchWriter[RequestRecord] | None = None
@@ -65,15 +76,30 @@ def tap(
             store = Store(resolve_db_url(db))
         except (DatabaseUrlError, SchemaError) as exc:
             fail_usage(str(exc))
-        writer = BatchWriter(store.write_requests, name="requests", batch_size=batch_size, max_queue=max_queue)
+        from tuner.store.tagging import RequestConfigTagger
+
+        tagger = RequestConfigTagger(store, engine_metrics_url)
+        writer = BatchWriter(tagger, name="requests", batch_size=batch_size, max_queue=max_queue)
     proxy = TapProxy(upstream, writer, transport=http_client)
-    app = create_tap_app(proxy)
+    app = create_tap_app(proxy, on_startup=tune_process_for_latency)
     out_console.print(
         f"tap: http://{listen} → {proxy.upstream}"
         + (f", recording into {store!r}" if store is not None else " (not recording)"),
         highlight=False,
     )
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="on")
+    # A proxy adds no headers of its own: the upstream's Date and Server pass through as sent. The
+    # tap never reads client addresses, so uvicorn's X-Forwarded-For middleware is not wanted.
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+        server_header=False,
+        date_header=False,
+        proxy_headers=False,
+    )
     server = _Server(config)
     try:
         server.run()

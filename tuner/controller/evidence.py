@@ -8,13 +8,15 @@ configs and is left out).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
 from collectors.records import EngineKey, WindowRecord
+from policies.acceptance import AcceptanceEvidence, evidence_from_counters
 from policies.counters import SpecCounters
+from policies.draft_choice import DraftCandidate, SpecWindow
 from tuner.store import Store, StoredConfig
 
 
@@ -31,6 +33,15 @@ class Evidence:
     generation_tokens: float
     window_rates: tuple[float, ...]  # generated tokens / s, one per window (for the noise of a comparison)
     mean_batch_size: float | None  # mean requests running
+    # (duration s, requests running) per window: the load profile a per-batch-size table is judged on
+    batch_profile: tuple[tuple[float, float], ...] = ()
+    # Each window's counters at its effective K (see effective_counters): α is pooled over these
+    window_specs: tuple[SpecCounters, ...] = ()
+    # For the draft-swap policy (filled by the controller when candidates are configured):
+    trigger_windows: tuple[SpecWindow, ...] = ()  # the current config's windows over the swap duration
+    candidates: tuple[DraftCandidate, ...] = ()
+    history: Mapping[str, AcceptanceEvidence] = field(default_factory=dict)  # candidate name → measured α
+    failed_configs: tuple[dict[str, Any], ...] = ()  # configs that failed to apply lately (not proposed again)
 
     @property
     def goodput_tokens_per_s(self) -> float | None:
@@ -68,6 +79,41 @@ def spec_config_of(stored: StoredConfig) -> dict[str, Any]:
     return out
 
 
+def effective_counters(spec: SpecCounters) -> SpecCounters | None:
+    """The counters at the K the engine actually drafted in the window.
+
+    Under a per-batch-size table the engine starts at K_max but drafts fewer tokens per step, so the
+    positions past the step's K stay zero and α̂ = A / (A + D − a_{K−1}) read at K_max would count every
+    draft as rejected. When T / D is a whole number k, every step drafted k tokens: the counters are cut
+    to k positions. A window mixing several K (T / D not whole) cannot be split from /metrics: None
+    (its tokens still count for throughput; the plugin's per-step records have the exact K).
+    """
+    if spec.drafts <= 0:
+        return spec
+    k_eff = spec.draft_tokens / spec.drafts
+    k = round(k_eff)
+    if abs(k_eff - k) > 1e-9:
+        return None
+    if k >= len(spec.accepted_per_pos) or k < 1:
+        return spec
+    if any(spec.accepted_per_pos[k:]):  # a draft longer than k was accepted: the steps mixed several K
+        return None
+    return replace(spec, accepted_per_pos=spec.accepted_per_pos[:k], num_spec_tokens=k)
+
+
+def pooled_alpha(windows: Sequence[SpecCounters]) -> AcceptanceEvidence | None:
+    """α evidence pooled window by window (each at its own K); None if a window is unusable."""
+    total = AcceptanceEvidence()
+    for spec in windows:
+        if spec.drafts == 0:
+            continue
+        result = evidence_from_counters(spec)
+        if result.evidence is None:
+            return None
+        total = total + result.evidence
+    return total
+
+
 def windows_under(
     store: Store, keys: Sequence[EngineKey], started_at: datetime, since: datetime, until: datetime
 ) -> list[WindowRecord]:
@@ -103,7 +149,83 @@ def summarize(windows: Sequence[WindowRecord]) -> tuple[SpecCounters, float, flo
 def gather_evidence(
     store: Store, keys: Sequence[EngineKey], config: StoredConfig, now: datetime, evidence_window_s: float
 ) -> Evidence:
-    since = max(now - timedelta(seconds=evidence_window_s), config.config.started_at)
+    # min(…, now): a config recorded a moment after ``now`` (a rollback that just finished) has no windows yet
+    since = min(max(now - timedelta(seconds=evidence_window_s), config.config.started_at), now)
     wins = windows_under(store, keys, config.config.started_at, since, now + timedelta(microseconds=1))
     spec, duration_s, tokens, rates, running = summarize(wins)
-    return Evidence(now, tuple(keys), config, spec, len(wins), duration_s, tokens, rates, running)
+    profile = tuple(
+        (w.duration_s, float(w.requests_running))
+        for w in wins
+        if w.duration_s > 0 and w.requests_running is not None and math.isfinite(w.requests_running)
+    )
+    specs = tuple(e for e in (effective_counters(w.spec) for w in wins if w.spec is not None) if e is not None)
+    return Evidence(now, tuple(keys), config, spec, len(wins), duration_s, tokens, rates, running, profile, specs)
+
+
+def spec_windows(
+    store: Store, keys: Sequence[EngineKey], config: StoredConfig, now: datetime, duration_s: float
+) -> tuple[SpecWindow, ...]:
+    """The current config's windows over the swap trigger's duration, data-parallel ranks merged per
+    scrape (they share a scrape time), for :func:`policies.draft_choice.check_trigger`."""
+    since = min(max(now - timedelta(seconds=duration_s), config.config.started_at), now)
+    merged: dict[tuple[datetime, datetime], SpecCounters] = {}
+    for w in windows_under(store, keys, config.config.started_at, since, now + timedelta(microseconds=1)):
+        spec = effective_counters(w.spec) if w.spec is not None else None
+        if spec is None:
+            continue
+        span = (w.start, w.end)
+        merged[span] = merged[span] + spec if span in merged else spec
+    return tuple(SpecWindow(s, e, c) for (s, e), c in sorted(merged.items(), key=lambda kv: kv[0][1]))
+
+
+def measured_history(
+    store: Store,
+    keys: Sequence[EngineKey],
+    now: datetime,
+    horizon_s: float,
+    candidates: Sequence[DraftCandidate],
+    matches: Callable[[dict[str, Any], DraftCandidate], bool],
+    cache: dict[int, AcceptanceEvidence] | None = None,
+) -> dict[str, AcceptanceEvidence]:
+    """α evidence each candidate earned on this engine under earlier configs (within ``horizon_s``).
+
+    ``cache`` keeps the evidence of config periods that have ended (they never change), so each tick
+    reads only the windows of the period still running instead of a week of windows per candidate.
+    """
+    out: dict[str, AcceptanceEvidence] = {}
+    if not keys:
+        return out
+    since = now - timedelta(seconds=horizon_s)
+    for stored in store.configs(keys[0], since=since, until=now + timedelta(microseconds=1)):
+        spec = spec_config_of(stored)
+        owners = [c for c in candidates if matches(spec, c)]
+        if not owners:
+            continue
+        if cache is not None and stored.id in cache:
+            total = cache[stored.id]
+        else:
+            total = _period_evidence(store, keys, stored, now)
+            if cache is not None and stored.config.ended_at is not None:
+                cache[stored.id] = total
+        if total.trials == 0:
+            continue
+        for c in owners:
+            out[c.name] = out[c.name] + total if c.name in out else total
+    return out
+
+
+def _period_evidence(
+    store: Store, keys: Sequence[EngineKey], stored: StoredConfig, now: datetime
+) -> AcceptanceEvidence:
+    end = stored.config.ended_at or now
+    total = AcceptanceEvidence()
+    if end < stored.config.started_at:
+        return total
+    for w in windows_under(store, keys, stored.config.started_at, stored.config.started_at, end):
+        counters = effective_counters(w.spec) if w.spec is not None else None
+        if counters is None or counters.drafts == 0:
+            continue
+        result = evidence_from_counters(counters)
+        if result.evidence is not None:
+            total = total + result.evidence
+    return total

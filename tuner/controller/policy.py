@@ -6,21 +6,32 @@ Leviathan's cost ratio from the config until a fitted model is wired in (see doc
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
-from policies.acceptance import estimate_alpha
+from policies.acceptance import AlphaEstimate, estimate_alpha, estimate_alpha_from_evidence
 from policies.acceptance_model import ConstantAlphaModel
-from policies.choose_k import KChoiceSnapshot, choose_k
+from policies.choose_k import KChoiceSnapshot, choose_k, evaluate_k
+from policies.draft_choice import DraftCandidate, DraftChoiceSnapshot, DraftReason, DraftTriggerConfig, choose_draft
+from policies.k_table import KTableSnapshot, k_table
+from policies.memory import DraftFootprint, MemoryBudget
 from policies.step_cost import StepCostModel
-from tuner.controller.evidence import Evidence, spec_config_of
+from tuner.actuators.base import config_fingerprint
+from tuner.controller.candidates import current_candidate, same_draft, spec_config_for
+from tuner.controller.evidence import Evidence, pooled_alpha, spec_config_of
 
 _ALPHA_EPS = 1e-6
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 class PolicyReason(StrEnum):
     CHANGE_K = "change_k"
+    CHANGE_K_TABLE = "change_k_table"  # a new per-batch-size table
+    SWAP_DRAFT = "swap_draft"  # acceptance stayed low; another candidate is predicted to do better
+    FALLBACK_NGRAM = "fallback_ngram"
+    DISABLE_SPECULATION = "disable_speculation"  # acceptance stayed low and nothing beats plain decoding
     KEEP = "keep"  # the current config is the best
     NO_SPECULATION = "no_speculation"  # nothing to estimate from (method off / no K)
     NO_DRAFTS = "no_drafts"  # speculation on but no drafts yet (no traffic)
@@ -32,6 +43,15 @@ class PolicySettings:
     k_max: int = 8
     cost_ratio: float = 0.05
     confidence: float = 0.95
+    step_cost: StepCostModel | None = None  # a measured T(B, K); else Leviathan's model from cost_ratio
+    per_batch_size: bool = False  # choose vLLM's per-batch-size K table instead of one K
+    max_batch_size: int = 16
+    target_params: int | None = None
+    memory: MemoryBudget | None = None
+    swap: DraftTriggerConfig | None = None  # None: never swap drafts
+
+    def step_cost_model(self) -> StepCostModel:
+        return self.step_cost if self.step_cost is not None else StepCostModel.from_cost_ratio(self.cost_ratio)
 
 
 @dataclass(frozen=True)
@@ -51,39 +71,390 @@ def propose_k(evidence: Evidence, settings: PolicySettings) -> PolicyOutcome:
         return PolicyOutcome(PolicyReason.NO_SPECULATION, "Speculation is off: there is no acceptance to measure.")
     if evidence.spec.drafts == 0:
         return PolicyOutcome(PolicyReason.NO_DRAFTS, "No drafts under the current config yet (no traffic?).")
-    estimate = estimate_alpha(evidence.spec, confidence=settings.confidence)
-    if estimate.alpha is None or estimate.alpha_ci is None:
+    estimate = _estimate(evidence, settings)
+    model = _alpha_model(estimate)
+    if model is None or estimate.alpha_ci is None:
         return PolicyOutcome(PolicyReason.NO_ESTIMATE, estimate.message)
-    clamp = lambda x: min(max(x, _ALPHA_EPS), 1.0 - _ALPHA_EPS)  # noqa: E731 — α̂ may hit 0 or 1 exactly
     lo, hi = estimate.alpha_ci
-    model = ConstantAlphaModel(clamp(estimate.alpha), clamp(min(lo, estimate.alpha)), clamp(max(hi, estimate.alpha)))
     batch = max(1, round(evidence.mean_batch_size or 1.0))
     k_max = max(settings.k_max, k_now)
     decision = choose_k(
         KChoiceSnapshot(
             now=evidence.now,
             acceptance=model,
-            step_cost=StepCostModel.from_cost_ratio(settings.cost_ratio),
+            step_cost=settings.step_cost_model(),
             batch_size=batch,
             k_max=k_max,  # never below the current K, so its goodput is comparable
             current_k=k_now,
             confidence=settings.confidence,
         )
     )
+    failed = {config_fingerprint(c) for c in evidence.failed_configs}
+    if failed and config_fingerprint(_with_k(current, decision.k)) in failed:
+        # The best K failed lately (did not start, or regressed): fall back to the best K that did not.
+        options = sorted(decision.by_k, key=lambda o: o.goodput_tokens_per_s, reverse=True)
+        for option in options:
+            if option.fits_memory and config_fingerprint(_with_k(current, option.k)) not in failed:
+                cur = decision.by_k[k_now] if k_now < len(decision.by_k) else None
+                gain = option.speedup / cur.speedup if cur is not None and cur.speedup > 0 else None
+                gain_ci = (
+                    (option.speedup_ci[0] / cur.speedup_ci[1], option.speedup_ci[1] / cur.speedup_ci[0])
+                    if cur is not None and cur.speedup_ci[0] > 0
+                    else None
+                )
+                decision = replace(
+                    decision,
+                    k=option.k,
+                    message=f"K = {decision.k} failed lately; the best other K is {option.k} "
+                    f"({option.speedup:.2f}× no speculation).",
+                    gain_vs_current=gain,
+                    gain_vs_current_ci=gain_ci,
+                )
+                break
     details = {"alpha": estimate.alpha, "alpha_ci": [lo, hi], "batch_size": batch, "k_reason": decision.reason.value}
     if decision.k == k_now or decision.gain_vs_current is None or decision.gain_vs_current_ci is None:
         return PolicyOutcome(
             PolicyReason.KEEP, f"K = {k_now} is already the best choice. {decision.message}", details=details
         )
-    target = dict(current)
-    target["num_speculative_tokens"] = decision.k
-    if decision.k == 0:
-        target = {"method": "off", "num_speculative_tokens": 0}
+    target = _with_k(current, decision.k)
     return PolicyOutcome(
         PolicyReason.CHANGE_K,
         f"{estimate.message} Change K {k_now} → {decision.k}: {decision.message}",
         target,
         decision.gain_vs_current,
         decision.gain_vs_current_ci,
+        details,
+    )
+
+
+def _with_k(current: dict[str, Any], k: int) -> dict[str, Any]:
+    if k == 0:
+        return {"method": "off", "num_speculative_tokens": 0}
+    return {**current, "num_speculative_tokens": k}
+
+
+# -- the full spectuner policy: draft swap, then K or the per-batch-size table ------------------------
+
+_SWAP_REASONS = {
+    DraftReason.SWITCH_DRAFT: PolicyReason.SWAP_DRAFT,
+    DraftReason.FALLBACK_NGRAM: PolicyReason.FALLBACK_NGRAM,
+    DraftReason.DISABLE_SPECULATION: PolicyReason.DISABLE_SPECULATION,
+}
+
+
+def propose(evidence: Evidence, settings: PolicySettings) -> PolicyOutcome:
+    """spectuner's policy: replace a draft whose acceptance stays low, else tune K (one K, or the
+    per-batch-size table when ``settings.per_batch_size``). Purely computational given the evidence."""
+    swap = propose_swap(evidence, settings)
+    if swap is not None and (swap.target is not None or (swap.details or {}).get("swap_pending")):
+        return swap
+    tuned = propose_k_table(evidence, settings) if settings.per_batch_size else propose_k(evidence, settings)
+    if swap is not None and swap.details:
+        # acceptance is low but nothing beats the running draft: say so next to the K decision
+        tuned = PolicyOutcome(
+            tuned.reason,
+            f"{swap.message} {tuned.message}",
+            tuned.target,
+            tuned.predicted_gain,
+            tuned.predicted_gain_ci,
+            {**(tuned.details or {}), **swap.details},
+        )
+    return tuned
+
+
+def _estimate(evidence: Evidence, settings: PolicySettings) -> AlphaEstimate:
+    """α̂ from the summed counters, or pooled window by window when windows ran at different K (a
+    per-batch-size table): the summed counters would read every short draft as rejected."""
+    estimate = estimate_alpha(evidence.spec, confidence=settings.confidence)
+    ks = {s.k for s in evidence.window_specs if s.drafts > 0}
+    if len(ks) <= 1 and (not ks or ks == {evidence.spec.k}):
+        return estimate
+    pooled = pooled_alpha(evidence.window_specs)
+    if pooled is None or pooled.trials <= 0:
+        return estimate
+    alpha, ci = estimate_alpha_from_evidence(pooled, settings.confidence)
+    return replace(
+        estimate,
+        alpha=alpha,
+        alpha_ci=ci,
+        message=f"α = {alpha:.3f} (interval {ci[0]:.3f}–{ci[1]:.3f}) pooled over windows at K = {sorted(ks)}."
+        if alpha is not None and ci is not None
+        else estimate.message,
+    )
+
+
+def _alpha_model(estimate: AlphaEstimate) -> ConstantAlphaModel | None:
+    if estimate.alpha is None or estimate.alpha_ci is None:
+        return None
+    clamp = lambda x: min(max(x, _ALPHA_EPS), 1.0 - _ALPHA_EPS)  # noqa: E731 — α̂ may hit 0 or 1 exactly
+    lo, hi = estimate.alpha_ci
+    return ConstantAlphaModel(clamp(estimate.alpha), clamp(min(lo, estimate.alpha)), clamp(max(hi, estimate.alpha)))
+
+
+def _footprint(candidate: DraftCandidate | None, settings: PolicySettings) -> DraftFootprint | None:
+    return candidate.footprint() if candidate is not None and settings.memory is not None else None
+
+
+def propose_swap(evidence: Evidence, settings: PolicySettings) -> PolicyOutcome | None:
+    """None when swapping is off or cannot apply; an outcome without target when the draft stays
+    (``details["acceptance_low"]`` set when the trigger fired but no candidate is better)."""
+    current = spec_config_of(evidence.config)
+    k_now = current.get("num_speculative_tokens")
+    if settings.swap is None or not evidence.candidates or not isinstance(k_now, int) or k_now < 1:
+        return None
+    if evidence.spec.drafts == 0:
+        return None
+    running, everyone = current_candidate(current, evidence.candidates, settings.cost_ratio)
+    if running is None:
+        return None
+    failed_models = [c for c in evidence.failed_configs if isinstance(c, dict)]
+    allowed = [
+        c for c in everyone if c is running or not any(same_draft(f, c) for f in failed_models)
+    ]  # a candidate that failed to start is not tried again within the retry horizon
+    batch = _swap_batch(evidence, settings)
+    decision = choose_draft(
+        DraftChoiceSnapshot(
+            now=evidence.now,
+            current=running.name,
+            current_k=k_now,
+            windows=evidence.trigger_windows,
+            candidates=allowed,
+            history=evidence.history,
+            batch_size=batch,
+            k_max=settings.k_max,
+            step_cost=settings.step_cost_model(),
+            target_params=settings.target_params,
+            memory=settings.memory,
+            config=settings.swap,
+        )
+    )
+    trigger = decision.trigger
+    details: dict[str, Any] = {
+        "draft_reason": decision.reason.value,
+        "trigger": {
+            "triggered": trigger.triggered,
+            "reason": trigger.reason.value,
+            "value": trigger.value,
+            "upper": trigger.upper,
+            "drafts": trigger.drafts,
+            "covered_s": trigger.covered_s,
+            "threshold": settings.swap.threshold,
+            "statistic": settings.swap.statistic.value,
+        },
+        "ranking": [
+            {
+                "name": r.name,
+                "alpha": r.alpha,
+                "alpha_ci": list(r.alpha_ci),
+                "source": r.source,
+                "k": r.k,
+                "speedup": r.speedup,
+                "speedup_ci": list(r.speedup_ci),
+                "fits_memory": r.fits_memory,
+            }
+            for r in decision.ranking
+        ],
+    }
+    reason = _SWAP_REASONS.get(decision.reason)
+    if reason is None:
+        if not trigger.triggered:
+            return _swap_pending(evidence, settings, settings.swap, len(allowed) > 1, trigger.message)
+        details["acceptance_low"] = trigger.message
+        return PolicyOutcome(PolicyReason.KEEP, decision.message, details=details)
+    details["acceptance_low"] = trigger.message
+    cur_speedup, cur_ci = _running_speedup(decision.current, running, k_now, batch, settings)
+    if decision.candidate is None:  # switch speculation off
+        target: dict[str, Any] = {"method": "off", "num_speculative_tokens": 0}
+        new_speedup, new_ci = 1.0, (1.0, 1.0)
+    else:
+        table = None
+        k = decision.k
+        if settings.per_batch_size:
+            table, k = _table_for(decision.candidate, evidence, settings, decision.ranking)
+        target = spec_config_for(decision.candidate, k, table)
+        new_speedup, new_ci = decision.predicted_speedup, decision.predicted_speedup_ci
+        details["candidate"] = decision.candidate.name
+    if cur_speedup is None or cur_ci is None or cur_ci[0] <= 0:
+        return PolicyOutcome(PolicyReason.KEEP, f"{decision.message} (no speedup estimate for the running draft)")
+    gain = new_speedup / cur_speedup
+    gain_ci = (new_ci[0] / cur_ci[1], new_ci[1] / cur_ci[0])
+    return PolicyOutcome(reason, decision.message, target, gain, gain_ci, details)
+
+
+def _swap_batch(evidence: Evidence, settings: PolicySettings) -> int:
+    """The batch size candidates are ranked at: the mean load for one K; under a per-batch-size table the
+    low end of the load seen (10th percentile), where the table speculates — above it the table turns
+    speculation off, so a busy spell must not make every draft look worse than plain decoding."""
+    if settings.per_batch_size and evidence.batch_profile:
+        loads = sorted(b for _, b in evidence.batch_profile)
+        return max(1, round(loads[len(loads) // 10]))
+    return max(1, round(evidence.mean_batch_size or 1.0))
+
+
+def _swap_pending(
+    evidence: Evidence, settings: PolicySettings, swap: DraftTriggerConfig, has_alternative: bool, why: str
+) -> PolicyOutcome | None:
+    """While acceptance looks low but has not *stayed* low long enough, K is left alone: tuning K for a
+    draft about to be replaced would restart the engine for nothing, and a K = 0 table would stop the
+    drafts that the swap decision needs as evidence."""
+    if not has_alternative:
+        return None
+    est = _estimate(evidence, settings)
+    if est.alpha is None or est.alpha_ci is None or est.alpha_ci[1] >= swap.threshold:
+        return None
+    return PolicyOutcome(
+        PolicyReason.KEEP,
+        f"Acceptance looks low (α = {est.alpha:.3f}, upper {est.alpha_ci[1]:.3f} < {swap.threshold}); confirming "
+        f"over {swap.duration_s:.0f} s before a draft swap, K unchanged meanwhile ({why})",
+        details={"swap_pending": True, "alpha": est.alpha, "alpha_ci": list(est.alpha_ci)},
+    )
+
+
+def _running_speedup(
+    score: Any, running: DraftCandidate, k_now: int, batch: int, settings: PolicySettings
+) -> tuple[float | None, tuple[float, float] | None]:
+    """The running config's speedup over plain decoding at the K it runs now (the gain of a swap is
+    measured against what is in force, not against the running draft at its best K)."""
+    if score is None:
+        return None, None
+    ratio = running.cost_ratio_for(settings.target_params)
+    if ratio is None:
+        ratio = settings.cost_ratio
+    target = settings.step_cost_model()
+    model = StepCostModel(
+        fixed_s=target.fixed_s,
+        per_token_s=target.per_token_s,
+        draft_fixed_s=ratio * target.fixed_s,
+        draft_per_seq_s=ratio * target.per_token_s,
+    )
+    lo, hi = score.alpha_ci
+    option = evaluate_k(
+        KChoiceSnapshot(
+            now=_EPOCH,  # evaluate_k does not read the time
+            acceptance=ConstantAlphaModel(score.alpha, min(lo, score.alpha), max(hi, score.alpha)),
+            step_cost=model,
+            batch_size=batch,
+            k_max=max(k_now, 1),
+            confidence=settings.confidence,
+        ),
+        k_now,
+    )
+    return (option.speedup, option.speedup_ci) if option.speedup > 0 else (None, None)
+
+
+def _table_for(
+    candidate: DraftCandidate, evidence: Evidence, settings: PolicySettings, ranking: Any
+) -> tuple[list[list[int]], int]:
+    """A per-batch-size table for a candidate about to be swapped in (α from its ranking entry)."""
+    score = next((r for r in ranking if r.name == candidate.name), None)
+    alpha = score.alpha if score is not None else candidate.prior_alpha
+    lo, hi = score.alpha_ci if score is not None else (alpha, alpha)
+    model = ConstantAlphaModel(alpha, min(lo, alpha), max(hi, alpha))
+    table = k_table(
+        KTableSnapshot(
+            now=evidence.now,
+            acceptance=model,
+            step_cost=settings.step_cost_model(),
+            max_batch_size=settings.max_batch_size,
+            k_max=settings.k_max,
+            draft=_footprint(candidate, settings),
+            memory=settings.memory,
+            confidence=settings.confidence,
+        )
+    )
+    return table.as_vllm(), settings.k_max
+
+
+def current_table(spec: dict[str, Any], max_batch_size: int) -> list[list[int]] | None:
+    """The table in force: vLLM's rows, or one row at the engine's K when there is none."""
+    rows = spec.get("num_speculative_tokens_per_batch_size")
+    if isinstance(rows, list) and rows:
+        return [[int(x) for x in r] for r in rows]
+    k = spec.get("num_speculative_tokens")
+    return [[1, max_batch_size, int(k)]] if isinstance(k, int) else None
+
+
+def _k_at(rows: list[list[int]], batch: int) -> int:
+    for lo, hi, k in rows:
+        if lo <= batch <= hi:
+            return k
+    return rows[-1][2] if batch > rows[-1][1] else rows[0][2]
+
+
+def propose_k_table(evidence: Evidence, settings: PolicySettings) -> PolicyOutcome:
+    """The best K for every batch size 1..max_batch_size; the gain is judged on the load profile seen
+    in the evidence window (each window's requests running, weighted by its duration)."""
+    current = spec_config_of(evidence.config)
+    k_now = current.get("num_speculative_tokens")
+    if current.get("method") in (None, "off") or not isinstance(k_now, int) or k_now < 1:
+        return PolicyOutcome(PolicyReason.NO_SPECULATION, "Speculation is off: there is no acceptance to measure.")
+    if evidence.spec.drafts == 0:
+        return PolicyOutcome(PolicyReason.NO_DRAFTS, "No drafts under the current config yet (no traffic?).")
+    estimate = _estimate(evidence, settings)
+    model = _alpha_model(estimate)
+    if model is None:
+        return PolicyOutcome(PolicyReason.NO_ESTIMATE, estimate.message)
+    running, _ = current_candidate(current, evidence.candidates, settings.cost_ratio)
+    footprint = _footprint(running, settings)
+    k_engine = max(k_now, settings.k_max)
+    step_cost = settings.step_cost_model()
+    table = k_table(
+        KTableSnapshot(
+            now=evidence.now,
+            acceptance=model,
+            step_cost=step_cost,
+            max_batch_size=settings.max_batch_size,
+            k_max=k_engine,
+            draft=footprint,
+            memory=settings.memory if footprint is not None else None,
+            confidence=settings.confidence,
+        )
+    )
+    new_rows = table.as_vllm()
+    old_rows = current_table(current, settings.max_batch_size) or new_rows
+    details: dict[str, Any] = {
+        "alpha": estimate.alpha,
+        "alpha_ci": list(estimate.alpha_ci or ()),
+        "table": new_rows,
+        "table_reason": table.reason.value,
+        "current_table": old_rows,
+    }
+    if new_rows == old_rows and current.get("num_speculative_tokens_per_batch_size") is not None:
+        return PolicyOutcome(
+            PolicyReason.KEEP, f"The per-batch-size table is already the best. {table.message}", details=details
+        )
+    profile = evidence.batch_profile or ((1.0, float(evidence.mean_batch_size or 1.0)),)
+    new_tokens = old_tokens = 0.0
+    new_lo = new_hi = old_lo = old_hi = 0.0
+    for dur, running_seqs in profile:
+        b = min(max(1, round(running_seqs)), settings.max_batch_size)
+        snap = KChoiceSnapshot(
+            now=evidence.now,
+            acceptance=model,
+            step_cost=step_cost,
+            batch_size=b,
+            k_max=k_engine,
+            confidence=settings.confidence,
+        )
+        new, old = evaluate_k(snap, _k_at(new_rows, b)), evaluate_k(snap, _k_at(old_rows, b))
+        new_tokens += dur * new.speedup
+        old_tokens += dur * old.speedup
+        new_lo, new_hi = new_lo + dur * new.speedup_ci[0], new_hi + dur * new.speedup_ci[1]
+        old_lo, old_hi = old_lo + dur * old.speedup_ci[0], old_hi + dur * old.speedup_ci[1]
+    if old_tokens <= 0 or old_lo <= 0:
+        return PolicyOutcome(PolicyReason.KEEP, "No load profile to judge a table on yet.", details=details)
+    gain = new_tokens / old_tokens
+    gain_ci = (new_lo / old_hi, new_hi / old_lo)
+    target = dict(current)
+    target["num_speculative_tokens"] = k_engine
+    target["num_speculative_tokens_per_batch_size"] = new_rows
+    rows_text = ", ".join(f"{lo}–{hi}: K={k}" for lo, hi, k in new_rows)
+    return PolicyOutcome(
+        PolicyReason.CHANGE_K_TABLE,
+        f"{estimate.message} New per-batch-size table {rows_text}: {table.message} Predicted {gain:.2f}× the "
+        f"current table on the load seen in the last {evidence.duration_s:.0f} s.",
+        target,
+        gain,
+        gain_ci,
         details,
     )

@@ -20,9 +20,21 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from collectors.records import EngineKey, EventRecord
-from tuner.actuators.base import Actuator, ApplyResult, ApplyStatus, config_fingerprint
+from policies.acceptance import AcceptanceEvidence
+from policies.draft_choice import DraftCandidate
+from policies.memory import check_memory
+from tuner.actuators.base import START_FAILED, Actuator, ApplyResult, ApplyStatus, config_fingerprint
 from tuner.controller import manual
-from tuner.controller.evidence import Evidence, gather_evidence, spec_config_of, summarize, windows_under
+from tuner.controller.candidates import current_candidate, same_draft
+from tuner.controller.evidence import (
+    Evidence,
+    gather_evidence,
+    measured_history,
+    spec_config_of,
+    spec_windows,
+    summarize,
+    windows_under,
+)
 from tuner.controller.guardrails import (
     ControllerState,
     GuardrailSettings,
@@ -30,7 +42,7 @@ from tuner.controller.guardrails import (
     check_guardrails,
     next_streak,
 )
-from tuner.controller.policy import PolicyOutcome, PolicySettings, propose_k
+from tuner.controller.policy import PolicyOutcome, PolicySettings, propose
 from tuner.controller.verify import judge
 from tuner.store import AppliedBy, DecisionRecord, DecisionStatus, EngineConfigRecord, Store, StoredConfig
 
@@ -48,6 +60,7 @@ _CHANGE_SOURCES = {
 
 Clock = Callable[[], datetime]
 Policy = Callable[[Evidence], PolicyOutcome]
+Candidates = Callable[[], Sequence[DraftCandidate]]
 
 
 @dataclass(frozen=True)
@@ -59,6 +72,7 @@ class ControllerSettings:
     verify_window_s: float = 300.0
     regression_tolerance: float = 0.05
     failed_retry_s: float = 86400.0  # a config that failed is not proposed again for this long
+    history_s: float = 7 * 86400.0  # how far back a draft candidate's measured α counts
     guardrails: GuardrailSettings = field(default_factory=GuardrailSettings)
     policy: PolicySettings = field(default_factory=PolicySettings)
 
@@ -98,14 +112,18 @@ class Controller:
         settings: ControllerSettings,
         clock: Clock,
         policy: Policy | None = None,
+        candidates: Candidates | None = None,
     ) -> None:
         self.store = store
         self.actuator = actuator
         self.settings = settings
         self.clock = clock
-        self.policy: Policy = policy or (lambda ev: propose_k(ev, settings.policy))
+        self.policy: Policy = policy or (lambda ev: propose(ev, settings.policy))
+        # Swap candidates are read on every tick: the operator's registry may change at run time.
+        self.candidates: Candidates = candidates or (lambda: ())
         self._streak: tuple[str | None, int] = (None, 0)
         self._last_recorded: tuple[str, str] | None = None  # (target, reason) of the last hold-type row
+        self._history_cache: dict[int, AcceptanceEvidence] = {}  # α evidence of ended config periods
         # decide/verify/sync run on scheduler threads: one at a time, so a config recorded by an apply
         # is never raced by the collector's sync recording the same config as "observed".
         self.lock = threading.RLock()
@@ -214,9 +232,13 @@ class Controller:
         if current is None:
             return TickResult("none", "no_config", "The engine's current config is not known yet.")
         state = self.state(now, keys)
-        evidence = gather_evidence(self.store, keys, current, now, self.settings.evidence_window_s)
+        evidence = self._evidence(now, keys, current)
+        self._watch_budget(now, keys, current, evidence)
 
-        overrides = manual.pending_overrides(self.store)
+        # An override names its engine series when the database holds several servers: only ours.
+        overrides = [
+            o for o in manual.pending_overrides(self.store) if o.decision.engine is None or o.decision.engine in keys
+        ]
         if overrides:
             if state.paused or state.pending_verification:
                 return TickResult("blocked", "override_waiting", "A manual override waits for resume or verification.")
@@ -225,6 +247,9 @@ class Controller:
             return self._apply(order.id, order.decision.proposed_config, now, keys, AppliedBy.MANUAL)
 
         outcome = self.policy(evidence)
+        low = (outcome.details or {}).get("acceptance_low")
+        if low:
+            self._event_once(now, keys, current, "acceptance_low", "warning", f"Draft acceptance stays low: {low}")
         if outcome.target is None or outcome.predicted_gain is None or outcome.predicted_gain_ci is None:
             self._streak = (None, 0)
             return TickResult("hold", outcome.reason.value, outcome.message)
@@ -235,7 +260,7 @@ class Controller:
             predicted_gain_ci=outcome.predicted_gain_ci,
             drafts=evidence.spec.drafts,
             evidence_s=evidence.duration_s / max(len(keys), 1),
-            needs_restart=self.actuator.needs_restart,
+            needs_restart=self.actuator.needs_restart_for(outcome.target),
         )
         rails = self.settings.guardrails
         measured_s = self.measured_downtime_s(now)
@@ -317,7 +342,18 @@ class Controller:
         self, decision_id: int, target: dict[str, Any], now: datetime, keys: Sequence[EngineKey], applied_by: str
     ) -> TickResult:
         self.store.update_decision(decision_id, status=DecisionStatus.APPLYING, at=now)
-        result = self.actuator.apply(target)
+        previous = self.actuator.current or {}
+
+        def note(message: str) -> None:
+            self.store.update_decision(
+                decision_id, status=DecisionStatus.APPLYING, at=max(self.clock(), now), status_message=message
+            )
+
+        self.actuator.progress = note
+        try:
+            result = self.actuator.apply(target)
+        finally:
+            self.actuator.progress = lambda message: None
         done_at = max(self.clock(), now)
         self._last_recorded = None
         if result.status is ApplyStatus.APPLIED:
@@ -334,6 +370,9 @@ class Controller:
                 decision_id,
                 result,
             )
+            kind = change_kind(previous, target)
+            if kind is not None:
+                self._event(done_at, keys, kind, "info", f"{_describe(previous)} → {_describe(target)}", decision_id)
             return TickResult("applied", "applied", result.message, decision_id)
         if result.status is ApplyStatus.UNCHANGED:
             self.store.update_decision(
@@ -395,6 +434,59 @@ class Controller:
             ]
         )
 
+    def _evidence(self, now: datetime, keys: Sequence[EngineKey], current: StoredConfig) -> Evidence:
+        """The policy's snapshot: windows under the current config and, when draft candidates are
+        configured, the swap trigger's windows, each candidate's measured α and recent failures."""
+        evidence = gather_evidence(self.store, keys, current, now, self.settings.evidence_window_s)
+        evidence = replace(evidence, failed_configs=tuple(self.failed_configs(now)))
+        swap = self.settings.policy.swap
+        candidates = tuple(self.candidates())
+        if swap is None or not candidates:
+            return evidence
+        _, everyone = current_candidate(spec_config_of(current), candidates, self.settings.policy.cost_ratio)
+        return replace(
+            evidence,
+            trigger_windows=spec_windows(self.store, keys, current, now, swap.duration_s),
+            candidates=candidates,
+            history=measured_history(
+                self.store, keys, now, self.settings.history_s, everyone, same_draft, self._history_cache
+            ),
+        )
+
+    def failed_configs(self, now: datetime) -> list[dict[str, Any]]:
+        """Configs the controller proposed that did not come up (or were rolled back) lately."""
+        since = now - timedelta(seconds=self.settings.failed_retry_s)
+        return [
+            dict(d.decision.proposed_config)
+            for status in (DecisionStatus.ROLLED_BACK, DecisionStatus.FAILED)
+            for d in self.store.decisions(since, None, status=status)
+            if d.decision.proposed_config is not None and d.decision.action == CHANGE
+        ]
+
+    def _event_once(
+        self, now: datetime, keys: Sequence[EngineKey], current: StoredConfig, kind: str, severity: str, message: str
+    ) -> None:
+        """An event raised at most once per config period (a condition, not every tick)."""
+        since = current.config.started_at
+        if self.store.events(since, now + timedelta(microseconds=1), kind=kind):
+            return
+        self._event(now, keys, kind, severity, message, None)
+
+    def _watch_budget(self, now: datetime, keys: Sequence[EngineKey], current: StoredConfig, ev: Evidence) -> None:
+        """Raise ``budget_exceeded`` when the config in force breaks the memory budget at the load seen."""
+        p = self.settings.policy
+        if p.memory is None:
+            return
+        spec = spec_config_of(current)
+        k = spec.get("num_speculative_tokens")
+        running, _ = current_candidate(spec, tuple(self.candidates()), p.cost_ratio)
+        if running is None or not isinstance(k, int) or k < 1:
+            return
+        seqs = max(1, round(max((b for _, b in ev.batch_profile), default=ev.mean_batch_size or 1.0)))
+        check = check_memory(running.footprint(), k, seqs, p.memory)
+        if not check.fits:
+            self._event_once(now, keys, current, "budget_exceeded", "warning", f"{_describe(spec)}: {check.message}")
+
     # -- verify ----------------------------------------------------------------------------------
     def _verify(self, now: datetime) -> list[TickResult]:
         """Judge every applied change whose evaluation window has passed; roll back a regression."""
@@ -454,17 +546,28 @@ class Controller:
         """After a crash: applies that never finished are marked failed (the daemon starts the engine
         with the last recorded config). Returns the ids it closed."""
         closed: list[int] = []
+        keys = self.engine_keys()
         for d in self.store.decisions(status=DecisionStatus.APPLYING):
-            self.store.update_decision(
-                d.id,
-                status=DecisionStatus.FAILED,
-                at=now,
-                status_message="interrupted: the daemon stopped during this apply; it restarted with the last "
-                "recorded config",
-            )
+            got = d.status_message or ""
+            if got.startswith(START_FAILED):
+                # The new config had already failed to start: finishing the rollback is what the daemon
+                # does next (it starts the last recorded config), so it is recorded as one.
+                message = f"{got.split(';')[0]}; the daemon stopped while restoring the previous config, and the " \
+                    "next daemon restarted the last recorded config"
+                self.store.update_decision(d.id, status=DecisionStatus.ROLLED_BACK, at=now, status_message=message)
+                self._event(now, keys, "apply_rolled_back", "warning", message, d.id)
+            else:
+                # Failed: a config whose apply coincided with a crash is not retried automatically (it may
+                # have caused it); an operator can apply it by hand (spectuner apply).
+                self.store.update_decision(
+                    d.id,
+                    status=DecisionStatus.FAILED,
+                    at=now,
+                    status_message="interrupted: the daemon stopped during this apply; it restarted with the last "
+                    "recorded config",
+                )
             closed.append(d.id)
         if closed:
-            keys = self.engine_keys()
             self._event(
                 now,
                 keys,
@@ -483,6 +586,18 @@ class Controller:
         return dict(default), "config file"
 
 
+def change_kind(before: dict[str, Any], after: dict[str, Any]) -> str | None:
+    """``draft_swapped`` when the method or draft changes, ``k_changed`` when only K or the table does."""
+    if not before:
+        return None
+    if before.get("method") != after.get("method") or before.get("model") != after.get("model"):
+        return "draft_swapped"
+    keys = ("num_speculative_tokens", "num_speculative_tokens_per_batch_size")
+    if any(before.get(k) != after.get(k) for k in keys):
+        return "k_changed"
+    return None
+
+
 def _describe(spec: dict[str, Any]) -> str:
     method = spec.get("method")
     parts = [f"method={method}"]
@@ -490,6 +605,9 @@ def _describe(spec: dict[str, Any]) -> str:
         parts.append(f"draft={spec['model']}")
     if "num_speculative_tokens" in spec:
         parts.append(f"K={spec['num_speculative_tokens']}")
+    table = spec.get("num_speculative_tokens_per_batch_size")
+    if table:
+        parts.append("table=" + ",".join(f"{r[0]}-{r[1]}:{r[2]}" for r in table))
     return "config " + " ".join(parts)
 
 

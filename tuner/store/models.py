@@ -280,3 +280,48 @@ class EventRow(Base):
     severity: Mapped[str] = mapped_column(String(16))
     message: Mapped[str] = mapped_column(Text)
     data: Mapped[dict[str, Any]]
+
+
+class AlertDeliveryRow(Base):
+    """One alert event's outcome at one sink: delivered, failed after retries, deduplicated or rate
+    limited. Never holds a secret or a sink URL (Slack webhook URLs are credentials)."""
+
+    __tablename__ = "alert_deliveries"
+    __table_args__ = (Index(None, "sink", "dedup_key", "created_at"), Index(None, "created_at"))
+
+    id: Mapped[int] = _pk()
+    # No foreign keys: events are pruned on their own horizon; the delivery log stays readable.
+    event_id: Mapped[int]
+    engine_id: Mapped[int | None]
+    sink: Mapped[str] = mapped_column(String(128))
+    kind: Mapped[str] = mapped_column(String(64))
+    dedup_key: Mapped[str] = mapped_column(String(512))
+    outcome: Mapped[str] = mapped_column(String(32))  # delivered | failed | deduplicated | rate_limited
+    attempts: Mapped[int] = mapped_column(Integer)
+    status_code: Mapped[int | None] = mapped_column(Integer)
+    error: Mapped[str | None] = mapped_column(Text)
+    duration_s: Mapped[float]
+    created_at: Mapped[datetime]
+
+
+class AlertCursorRow(Base):
+    """Per sink, the id of the last event it has dealt with: a restarted daemon resumes after it."""
+
+    __tablename__ = "alert_cursors"
+
+    sink: Mapped[str] = mapped_column(String(128), primary_key=True)
+    last_event_id: Mapped[int]
+    updated_at: Mapped[datetime]
+
+
+class CollectorBaselineRow(Base):
+    """Per engine series, the cumulative /metrics values the collector last stored a window up to
+    (written in the same transaction as that window): a restarted collector resumes from them, so
+    its first scrape is a window, not a gap. The engine's own restarts are still spotted (counters
+    going down, a new ``_created`` time)."""
+
+    __tablename__ = "collector_baselines"
+
+    engine_id: Mapped[int] = mapped_column(id_type(), ForeignKey("engines.id", ondelete="CASCADE"), primary_key=True)
+    ts: Mapped[datetime]  # when the sample was taken
+    sample: Mapped[dict[str, Any]]  # collectors.records.EngineSample as JSON (tuner.store.rows.sample_json)

@@ -19,6 +19,7 @@ from sqlalchemy import Row
 
 from collectors.records import (
     EngineKey,
+    EngineSample,
     EventRecord,
     LatencySummary,
     RequestRecord,
@@ -372,6 +373,75 @@ def event_from_row(row: Row[Any], key: EngineKey | None) -> EventRecord:
         severity=row.severity,
         engine=key,
         data=dict(row.data),
+    )
+
+
+# --- collector baselines ------------------------------------------------------------------------
+
+_SAMPLE_JSON_VERSION = 1
+
+
+def _bound(le: float) -> float | str:
+    # JSON (and PostgreSQL's jsonb) has no infinity: the +Inf bucket bound goes as a string.
+    return le if math.isfinite(le) else repr(le)
+
+
+def sample_json(sample: EngineSample) -> dict[str, Any]:
+    """The cumulative values of one engine sample, as JSON (all but the key and the time, which
+    are columns). Validated: counts non-negative, measurements finite."""
+    spec = sample.spec
+    return {
+        "version": _SAMPLE_JSON_VERSION,
+        "spec": None if spec is None else _spec_columns(spec),
+        "generation_tokens": check_measure(sample.generation_tokens, "generation_tokens"),
+        "prompt_tokens": check_measure(sample.prompt_tokens, "prompt_tokens"),
+        "requests_running": check_opt_measure(sample.requests_running, "requests_running"),
+        "requests_waiting": check_opt_measure(sample.requests_waiting, "requests_waiting"),
+        "kv_cache_usage": check_opt_measure(sample.kv_cache_usage, "kv_cache_usage"),
+        "cache_config": check_json(dict(sample.cache_config), "cache_config"),
+        "histograms": {
+            name: {
+                "buckets": [[_bound(le), check_measure(n, f"{name} bucket")] for le, n in buckets],
+                "count": check_measure(count, f"{name} count"),
+                "sum": check_opt_real(total, f"{name} sum"),
+            }
+            for name, (buckets, count, total) in sample.histograms.items()
+        },
+        "created_s": check_opt_real(sample.created_s, "created_s"),
+    }
+
+
+def sample_from_json(data: dict[str, Any], key: EngineKey, ts: datetime) -> EngineSample:
+    """The inverse of :func:`sample_json`; raises ``ValueError`` on a version it cannot read."""
+    if data.get("version") != _SAMPLE_JSON_VERSION:
+        raise ValueError(f"collector baseline format {data.get('version')!r} is not {_SAMPLE_JSON_VERSION}")
+    s = data["spec"]
+    spec = None
+    if s is not None:
+        spec = SpecCounters(
+            drafts=s["drafts"],
+            draft_tokens=s["draft_tokens"],
+            accepted_tokens=s["accepted_tokens"],
+            accepted_per_pos=tuple(s["accepted_per_pos"]),
+            num_spec_tokens=s["num_spec_tokens"],
+            draft_tokens_per_pos=None if s["draft_tokens_per_pos"] is None else tuple(s["draft_tokens_per_pos"]),
+            generated_tokens=s["generated_tokens"],
+        )
+    return EngineSample(
+        key=key,
+        ts=ts,
+        spec=spec,
+        generation_tokens=data["generation_tokens"],
+        prompt_tokens=data["prompt_tokens"],
+        requests_running=data["requests_running"],
+        requests_waiting=data["requests_waiting"],
+        kv_cache_usage=data["kv_cache_usage"],
+        cache_config=dict(data["cache_config"]),
+        histograms={
+            name: (tuple((float(le), n) for le, n in h["buckets"]), h["count"], h["sum"])
+            for name, h in data["histograms"].items()
+        },
+        created_s=data["created_s"],
     )
 
 

@@ -18,7 +18,7 @@ from typing import Any, cast
 from sqlalchemy import Connection, Engine, Table, and_, func, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
-from collectors.records import EngineKey, EventRecord, RequestRecord, StepRecord, WindowRecord
+from collectors.records import EngineKey, EngineSample, EventRecord, RequestRecord, StepRecord, WindowRecord
 from policies.counters import SpecCounters
 from tuner.store import rows as R
 from tuner.store.connect import WRITE_OPTION, make_engine
@@ -30,6 +30,7 @@ from tuner.store.ingest import (
     step_values,
 )
 from tuner.store.models import (
+    CollectorBaselineRow,
     DecisionRow,
     EngineConfigRow,
     EngineRow,
@@ -59,6 +60,7 @@ requests_t = cast(Table, RequestRow.__table__)
 steps_t = cast(Table, StepRow.__table__)
 decisions_t = cast(Table, DecisionRow.__table__)
 events_t = cast(Table, EventRow.__table__)
+baselines_t = cast(Table, CollectorBaselineRow.__table__)
 
 
 class UnknownRecordError(LookupError):
@@ -233,6 +235,79 @@ class Store:
 
     def write_events(self, records: Sequence[EventRecord]) -> None:
         self._write("event", events_t, records, R.event_row, lambda r: r.engine, lambda r: r.ts)
+
+    def write_scrape(
+        self,
+        windows: Sequence[WindowRecord],
+        events: Sequence[EventRecord] = (),
+        baselines: Sequence[EngineSample] = (),
+    ) -> None:
+        """One scrape's results in ONE transaction: its windows, the events they raised (counter
+        resets) and, per engine, the cumulative sample the windows end at (the collector's
+        baseline, read back by :meth:`baselines` after a restart). A window is never stored
+        without its reset event, nor a baseline moved past a window that was not stored."""
+        keys = {w.key for w in windows} | {e.engine for e in events if e.engine is not None}
+        keys |= {b.key for b in baselines}
+        for key in keys:
+            R.check_key(key)
+        placeholder = dict.fromkeys(keys, 0)
+        window_rows = R.convert_batch("window", windows, R.window_row, placeholder)
+        event_rows = R.convert_batch("event", events, R.event_row, placeholder)
+        baseline_rows = R.convert_batch(
+            "baseline",
+            baselines,
+            lambda b, _ids: {"ts": R.check_when(b.ts, "ts"), "sample": R.sample_json(b)},
+            placeholder,
+        )
+        if not (window_rows or event_rows or baseline_rows):
+            return
+        # First-seen time for an engine that is new to the database.
+        now = windows[0].end if windows else baselines[0].ts if baselines else events[0].ts
+        with self.write_transaction() as conn:
+            ids = self._resolve_ids(conn, keys, now) if keys else {}
+            if window_rows:
+                for rec, row in zip(windows, window_rows, strict=True):
+                    row["engine_id"] = ids[rec.key]
+                conn.execute(insert(windows_t), window_rows)
+            if event_rows:
+                for ev, row in zip(events, event_rows, strict=True):
+                    row["engine_id"] = None if ev.engine is None else ids[ev.engine]
+                conn.execute(insert(events_t), event_rows)
+            if baseline_rows:
+                for b, row in zip(baselines, baseline_rows, strict=True):
+                    row["engine_id"] = ids[b.key]
+                stmt = (postgresql if self.dialect == "postgresql" else sqlite).insert(baselines_t)
+                conn.execute(
+                    stmt.on_conflict_do_update(
+                        index_elements=[baselines_t.c.engine_id],
+                        set_={"ts": stmt.excluded.ts, "sample": stmt.excluded.sample},
+                    ),
+                    baseline_rows,
+                )
+
+    def baselines(self, url: str) -> list[EngineSample]:
+        """The last stored cumulative sample of every engine scraped from ``url`` (see
+        :meth:`write_scrape`), in engine id order. A row in a format this code cannot read is
+        skipped (the collector then starts that engine from a fresh baseline)."""
+        query = (
+            select(
+                engines_t.c.id, engines_t.c.model_name, engines_t.c.engine_index, baselines_t.c.ts, baselines_t.c.sample
+            )
+            .join(baselines_t, baselines_t.c.engine_id == engines_t.c.id)
+            .where(engines_t.c.url == url)
+            .order_by(engines_t.c.id)
+        )
+        out = []
+        with self.read_connection() as conn:
+            rows = conn.execute(query).all()
+        for row in rows:
+            key = EngineKey(url, row.model_name, row.engine_index)
+            self._remember({key: row.id})
+            try:
+                out.append(R.sample_from_json(row.sample, key, row.ts))
+            except (ValueError, KeyError, TypeError):
+                continue
+        return out
 
     def write_requests(self, records: Sequence[RequestRecord]) -> None:
         """Per-request rows from the tap: one transaction, one driver ``executemany``."""
@@ -549,6 +624,22 @@ class Store:
         with self.read_connection() as conn:
             row = conn.execute(query).one_or_none()
         return None if row is None else R.config_from_row(row, key)
+
+    def configs_in_force(self, key: EngineKey, since: datetime, until: datetime) -> list[StoredConfig]:
+        """Configs of one engine in force at some time in ``[since, until]`` (started by
+        ``until``, not ended by ``since``), oldest first: one query to tag a batch of records."""
+        _bounds(since, until)
+        engine_id = self.engine_id(key)
+        if engine_id is None:
+            return []
+        c = configs_t.c
+        query = (
+            select(configs_t)
+            .where(c.engine_id == engine_id, c.started_at <= until, (c.ended_at.is_(None)) | (c.ended_at > since))
+            .order_by(c.started_at, c.id)
+        )
+        with self.read_connection() as conn:
+            return [R.config_from_row(row, key) for row in conn.execute(query)]
 
     def configs(
         self, key: EngineKey, since: datetime | None = None, until: datetime | None = None

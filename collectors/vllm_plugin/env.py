@@ -1,0 +1,42 @@
+"""The environment variables that configure the plugin inside vLLM's processes (stdlib only)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+INGEST_URL = "SPECTUNER_INGEST_URL"  # http://127.0.0.1:PORT/v1/steps; unset: the stat logger is inert
+CONTROL_ADDR = "SPECTUNER_CONTROL_ADDR"  # 127.0.0.1:PORT or unix:/path; unset: no control channel
+TOKEN = "SPECTUNER_PLUGIN_TOKEN"  # shared secret for the control channel and the ingest endpoint
+TOKEN_FILE = "SPECTUNER_PLUGIN_TOKEN_FILE"  # or a file holding it (keeps it out of `ps e` output)
+QUEUE_MAX = "SPECTUNER_PLUGIN_QUEUE_MAX"  # step records held while the sidecar is slow (default 20000)
+BATCH_MAX = "SPECTUNER_PLUGIN_BATCH_MAX"  # records per POST (default 512)
+FLUSH_S = "SPECTUNER_PLUGIN_FLUSH_S"  # seconds between POSTs while steps arrive (default 0.25)
+ALLOW_UNTESTED = "SPECTUNER_LIVE_K_ALLOW_UNTESTED"  # "1": try live K on an untested vLLM version
+
+
+def read_token(environ: dict[str, str] | None = None) -> str | None:
+    """The shared token from ``SPECTUNER_PLUGIN_TOKEN`` or the file named by ``SPECTUNER_PLUGIN_TOKEN_FILE``."""
+    env = os.environ if environ is None else environ
+    token = env.get(TOKEN, "").strip()
+    if token:
+        return token
+    path = env.get(TOKEN_FILE, "").strip()
+    if path:
+        try:
+            token = Path(path).read_text().strip()
+        except OSError:
+            return None
+        return token or None
+    return None
+
+
+def env_number(name: str, default: float, environ: dict[str, str] | None = None) -> float:
+    """A positive number from the environment; the default when unset or unusable (never raises:
+    a typo here must not stop the engine)."""
+    env = os.environ if environ is None else environ
+    try:
+        value = float(env.get(name, ""))
+    except ValueError:
+        return default
+    return value if value > 0 else default

@@ -1,0 +1,204 @@
+"""The per-step ingest endpoint with the real plugin shipper, a real HTTP server and a real store."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from collectors.records import EngineKey, EventRecord, RequestRecord, StepRecord, WindowRecord
+from collectors.step_ingest import StepIngestServer
+from collectors.vllm_plugin.shipper import Shipper
+from collectors.vllm_plugin.wire import STATS_PATH, TOKEN_HEADER
+from tuner.engine.process import free_port
+from tuner.store import Store
+
+ENGINE_URL = "http://127.0.0.1:8000/metrics"
+KEY = EngineKey(url=ENGINE_URL, model_name="lab-target", engine="0")
+
+
+def wire_step(i: int, k: int = 3, drafted: int = 3, batch: int = 2) -> dict[str, Any]:
+    dp = [batch if p < drafted else 0 for p in range(k)]
+    ap = [max(0, batch - p) if p < drafted else 0 for p in range(k)]
+    return {
+        "t": 1_796_000_000.0 + i * 0.01,
+        "e": 0,
+        "b": batch,
+        "dt": 0.01,
+        "bs": "frontend",
+        "k": k,
+        "d": batch if drafted else 0,
+        "dn": sum(dp),
+        "a": sum(ap),
+        "ap": ap,
+        "dp": dp,
+        "g": batch + sum(ap),
+        "s": None,
+        "r": batch,
+        "w": 0,
+    }
+
+
+class ListSink:
+    def __init__(self) -> None:
+        self.steps: list[StepRecord] = []
+        self.events: list[EventRecord] = []
+
+    def write_windows(self, records: Sequence[WindowRecord]) -> None: ...
+
+    def write_requests(self, records: Sequence[RequestRecord]) -> None: ...
+
+    def write_steps(self, records: Sequence[StepRecord]) -> None:
+        self.steps.extend(records)
+
+    def write_events(self, records: Sequence[EventRecord]) -> None:
+        self.events.extend(records)
+
+
+def post(url: str, body: bytes, token: str | None = None) -> tuple[int, dict[str, Any]]:
+    req = urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": "application/json"})
+    if token is not None:
+        req.add_header(TOKEN_HEADER, token)
+    try:
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def batch(steps: list[dict[str, Any]], **extra: Any) -> bytes:
+    return json.dumps({"v": 1, "source": {"model": "lab-target", "pid": 7}, "steps": steps, **extra}).encode()
+
+
+def test_shipper_to_store_round_trip(db_url: str) -> None:
+    """Steps shipped by the plugin's shipper land in the steps table under the scraper's engine key."""
+    store = Store(db_url)
+    try:
+        with StepIngestServer(store, ENGINE_URL, token="t0k") as ingest:
+            shipper = Shipper(ingest.url, token="t0k", source={"model": "lab-target", "pid": 1}, flush_interval_s=0.05)
+            for i in range(1200):
+                shipper.submit(wire_step(i, drafted=3 if i % 3 else 1))
+            assert shipper.flush(10)
+            shipper.close()
+            assert ingest.writer.flush(10)
+            assert shipper.stats.sent == 1200 and shipper.stats.batches >= 3  # batched, ≤ 512 per POST
+        rows = store.steps(KEY)
+        assert len(rows) == 1200
+        assert rows[1].spec.draft_tokens_per_pos == (2, 2, 2)
+        assert rows[0].spec.draft_tokens_per_pos == (2, 0, 0)
+        assert rows[0].ts == datetime.fromtimestamp(1_796_000_000.0, UTC)
+        sent_accepted = sum(wire_step(i, drafted=3 if i % 3 else 1)["a"] for i in range(1200))
+        assert sum(r.spec.accepted_tokens for r in rows) == sent_accepted
+    finally:
+        store.close()
+
+
+def test_bad_input_is_named_and_good_steps_kept() -> None:
+    sink = ListSink()
+    with StepIngestServer(sink, ENGINE_URL) as ingest:
+        bad = wire_step(1)
+        bad["ap"] = [1, 2]
+        worse = wire_step(2)
+        worse["a"] = 99
+        status, answer = post(ingest.url, batch([wire_step(0), bad, worse, "x"]))  # type: ignore[list-item]
+        assert status == 200
+        assert answer["accepted"] == 1 and answer["rejected"] == 3
+        assert "steps[1]: fields 'ap' and 'dp' must have k=3 entries" in answer["errors"][0]
+        assert "accepted tokens (99) exceed draft tokens" in answer["errors"][1]
+        assert "steps[3]: a step must be a JSON object" in answer["errors"][2]
+        assert post(ingest.url, b"not json")[0] == 400
+        status, answer = post(ingest.url, json.dumps({"v": 99, "steps": []}).encode())
+        assert status == 400 and "wire version 99" in answer["error"]
+        status, answer = post(ingest.url, json.dumps({"v": 1, "steps": []}).encode())
+        assert status == 400 and "source.model" in answer["error"]
+        assert post(ingest.url.replace("/v1/steps", "/nope"), batch([]))[0] == 404
+        ingest.writer.flush(5)
+    assert len(sink.steps) == 1
+
+
+def test_token_is_required_when_configured() -> None:
+    sink = ListSink()
+    with StepIngestServer(sink, ENGINE_URL, token="right") as ingest:
+        assert post(ingest.url, batch([wire_step(0)]), token="wrong")[0] == 401
+        assert post(ingest.url, batch([wire_step(0)]))[0] == 401
+        assert post(ingest.url, batch([wire_step(0)]), token="right")[0] == 200
+        with urllib.request.urlopen(f"http://127.0.0.1:{ingest.port}{STATS_PATH}", timeout=5) as resp:
+            stats = json.loads(resp.read())
+        assert stats["unauthorized"] == 2 and stats["accepted"] == 1
+
+
+def test_binds_loopback_only() -> None:
+    with pytest.raises(ValueError, match="loopback"):
+        StepIngestServer(ListSink(), ENGINE_URL, host="0.0.0.0")
+
+
+def test_sidecar_down_costs_the_engine_nothing_and_drops_are_reported() -> None:
+    """With nothing listening, submit() stays O(1) and drops are counted; when the sidecar comes back
+    the counters arrive with the next batch and become an event."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/v1/steps"
+    shipper = Shipper(url, source={"model": "lab-target", "pid": 3}, queue_max=1000, flush_interval_s=0.02)
+    try:
+        t0 = time.perf_counter()
+        for i in range(5000):
+            shipper.submit(wire_step(i))
+        per_submit_us = (time.perf_counter() - t0) / 5000 * 1e6
+        assert per_submit_us < 100, f"submit took {per_submit_us:.1f} µs with the sidecar down"
+        deadline = time.monotonic() + 5
+        while shipper.stats.send_errors == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        st = shipper.stats
+        assert st.send_errors >= 1 and st.queued <= 1000  # bounded
+        assert st.dropped_queue_full + st.dropped_send_failed + st.queued == 5000  # every step accounted for
+        sink = ListSink()
+        with StepIngestServer(sink, ENGINE_URL, port=port, drop_event_interval_s=0) as ingest:
+            time.sleep(shipper.max_backoff_s + 0.5)  # past the back-off
+            for i in range(10):
+                shipper.submit(wire_step(i))
+            assert shipper.flush(10)
+            deadline = time.monotonic() + 5
+            while not sink.events and time.monotonic() < deadline:
+                time.sleep(0.02)
+            stats = ingest.stats_json()
+        assert stats["plugin_dropped"] >= 4000 - 1000  # at most the last queue-full could still be sent
+        assert sink.events and sink.events[0].kind == "plugin_steps_dropped"
+        assert "dropped" in sink.events[0].message
+    finally:
+        shipper.close()
+
+
+def test_stopping_the_sidecar_closes_keep_alive_connections() -> None:
+    """A stopped ingest server must not keep taking steps on an open keep-alive connection (into a
+    writer that no longer writes): the plugin sees the failure, counts its drops, and reaches the
+    next server on the same port."""
+    sink = ListSink()
+    ingest = StepIngestServer(sink, ENGINE_URL).start()
+    port = ingest.port
+    shipper = Shipper(ingest.url, source={"model": "lab-target", "pid": 5}, flush_interval_s=0.02, max_backoff_s=0.2)
+    try:
+        shipper.submit(wire_step(0))
+        assert shipper.flush(5) and shipper.stats.sent == 1
+        ingest.stop()
+        for i in range(5):
+            shipper.submit(wire_step(i))
+        deadline = time.monotonic() + 5
+        while shipper.stats.send_errors == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert shipper.stats.send_errors >= 1 and shipper.stats.dropped_send_failed >= 1
+        sink2 = ListSink()
+        with StepIngestServer(sink2, ENGINE_URL, port=port) as again:
+            time.sleep(0.5)
+            shipper.submit(wire_step(9))
+            assert shipper.flush(5)
+            deadline = time.monotonic() + 5
+            while again.stats.accepted == 0 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert again.stats.accepted >= 1
+            assert again.stats.plugin_dropped >= 1
+    finally:
+        shipper.close()

@@ -1,0 +1,372 @@
+"""Apply K (or a per-batch-size K table) inside the running engine, without a restart.
+
+The engine runs our vLLM plugin (``collectors/vllm_plugin``): its engine-core process listens on a
+token-authenticated control channel and swaps the scheduler's per-batch-size K lookup. This actuator:
+
+1. decides whether the change is live-able (:meth:`LiveActuator.plan`): the same method and draft
+   (only ``num_speculative_tokens`` / ``num_speculative_tokens_per_batch_size`` differ), every K of
+   the resulting table ≤ the engine's K_max and one the engine can run, the channel reachable and
+   answering "supported" (tested vLLM version, engine started with a table);
+2. if so, sets the table, checks the read-back, and verifies in the per-step stream (the plugin's
+   steps, via :class:`collectors.step_ingest.StepFeed`) that steps now draft the new K for their batch
+   size; a change the stream contradicts is undone and the engine is marked as not live-capable;
+3. otherwise — or when verification fails — delegates to the fallback actuator (normally the restart
+   actuator) with the *engine* config: the same draft started at K_max with the requested table, so
+   that the next K change can be live again.
+
+Every result is a :class:`LiveApplyResult` saying which path was taken (``path``) and why it fell back
+(``fallback_reason``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from collectors.step_ingest import StepFeed, StepRecord, drafted_k
+from collectors.vllm_plugin import env as plugin_vars
+from collectors.vllm_plugin.client import ControlClient, ControlError
+from collectors.vllm_plugin.protocol import ControlState, k_for_batch
+from tuner.actuators.base import Actuator, ApplyResult, ApplyStatus, SpecConfig, config_fingerprint
+
+log = logging.getLogger(__name__)
+
+K_KEYS = ("num_speculative_tokens", "num_speculative_tokens_per_batch_size")
+_OPEN_END = 1 << 16  # a plain K becomes one row [1, _OPEN_END, K]; vLLM clips rows at max_num_seqs
+
+
+@dataclass(frozen=True)
+class LiveApplyResult(ApplyResult):
+    path: str = "live"  # "live", or the fallback actuator's kind ("restart", "command", ...)
+    fallback_reason: str = ""  # why the live path was not taken (empty on the live path)
+    verified: str = ""  # live path: "stream" (steps at the new K seen), "read_back" (engine confirms, no steps yet)
+    # Live path: decision → the first step at the new K (its stats' arrival time in vLLM's API server), and
+    # decision → the sidecar holding enough steps to call the change verified.
+    decision_to_first_step_s: float | None = None
+    decision_to_verified_s: float | None = None
+
+
+def effective_table(config: SpecConfig) -> list[list[int]] | None:
+    """The per-batch-size K table a config asks for (a plain K is one open-ended row); vLLM caps each
+    row's K at ``num_speculative_tokens``. None for a config without speculation."""
+    if config.get("method") in (None, "off"):
+        return None
+    k = int(config.get("num_speculative_tokens", 0) or 0)
+    table = config.get("num_speculative_tokens_per_batch_size")
+    if not table:
+        return [[1, _OPEN_END, k]]
+    return [[int(lo), int(hi), min(int(row_k), k)] for lo, hi, row_k in table]
+
+
+def _without_k(config: SpecConfig | None) -> str:
+    return config_fingerprint({key: v for key, v in (config or {}).items() if key not in K_KEYS})
+
+
+@dataclass
+class _Evidence:
+    """What the step stream says about a change, step by step."""
+
+    new: int = 0  # steps that drafted the new K (≠ the old K) for their batch size
+    old: int = 0  # steps that still drafted the old K (≠ the new K)
+    zero_run: int = 0  # consecutive decode steps with no drafts where the new K is 0
+    informative: int = 0  # steps at a batch size whose K changed
+    first_new_wall: float | None = None  # Unix time of the first step at the new K (the step's own timestamp)
+    verified_at: float | None = None  # monotonic time the evidence was complete
+
+
+class LiveActuator(Actuator):
+    """Live K through the plugin's control channel; anything else through ``fallback``."""
+
+    kind = "live"
+    needs_restart = False
+
+    def __init__(
+        self,
+        control: ControlClient,
+        fallback: Actuator,
+        *,
+        feed: StepFeed | None = None,
+        k_max: int | None = None,
+        verify_timeout_s: float = 5.0,
+        min_evidence_steps: int = 2,
+        zero_k_evidence_steps: int = 3,
+    ) -> None:
+        super().__init__()
+        if verify_timeout_s <= 0:
+            raise ValueError(f"verify_timeout_s must be positive but got {verify_timeout_s}")
+        if min_evidence_steps < 1 or zero_k_evidence_steps < 1:
+            raise ValueError(
+                f"evidence step counts must be at least 1 but got {min_evidence_steps}, {zero_k_evidence_steps}"
+            )
+        if k_max is not None and k_max < 0:
+            raise ValueError(f"k_max cannot be negative but got {k_max}")
+        self.control = control
+        self.fallback = fallback
+        self.feed = feed
+        self.k_max = k_max
+        self.verify_timeout_s = verify_timeout_s
+        self.min_evidence_steps = min_evidence_steps
+        self.zero_k_evidence_steps = zero_k_evidence_steps
+        # Engine processes (by pid) where a live change did not show in the stream: never again there.
+        self._not_live: dict[int, str] = {}
+
+    # -- planning --------------------------------------------------------------------------------
+    def plan(self, config: SpecConfig) -> tuple[list[list[int]] | None, ControlState | None, str]:
+        """(table, engine state, "") when ``config`` can be applied live, else (None, state?, reason)."""
+        if self.current is None:
+            return None, None, "the config in force is not known yet"
+        if _without_k(config) != _without_k(self.current):
+            changed = sorted(
+                key
+                for key in set(config) | set(self.current)
+                if key not in K_KEYS and config.get(key) != self.current.get(key)
+            )
+            return None, None, f"more than K changes ({', '.join(changed)}): that needs a restart"
+        table = effective_table(config)
+        if table is None:
+            return None, None, "speculation is off in the requested config"
+        try:
+            state = self.control.get()
+        except ControlError as exc:
+            return None, None, f"control channel: {exc}"
+        if not state.supported:
+            return None, state, f"live K unsupported by the engine: {state.reason}"
+        if state.pid in self._not_live:
+            return None, state, self._not_live[state.pid]
+        for row in table:
+            if row[2] > state.k_max:
+                return None, state, f"K={row[2]} is above the K_max={state.k_max} the engine started with"
+            if row[2] not in state.allowed_k:
+                return None, state, f"K={row[2]} is not one the engine can run live ({state.allowed_k})"
+        return table, state, ""
+
+    def needs_restart_for(self, config: SpecConfig) -> bool:
+        """Whether applying ``config`` would go through the fallback (for the switching-cost rail)."""
+        table, _, _ = self.plan(config)
+        return table is None
+
+    def engine_config(self, config: SpecConfig, state: ControlState | None = None) -> SpecConfig:
+        """What the fallback starts: the requested draft at K_max with the requested table, so the
+        engine stays live-capable. Configs without speculation pass unchanged."""
+        table = effective_table(config)
+        if table is None:
+            return dict(config)
+        k_max = max([self.k_max or 0, state.k_max if state else 0, *(row[2] for row in table)])
+        if k_max == 0:
+            return dict(config)  # vLLM needs num_speculative_tokens > 0 for a table
+        end = state.max_num_seqs if state and state.max_num_seqs else None
+        rows = [[lo, min(hi, end) if end and lo <= end else hi, k] for lo, hi, k in table]
+        return {**config, "num_speculative_tokens": k_max, "num_speculative_tokens_per_batch_size": rows}
+
+    # -- the Actuator interface ------------------------------------------------------------------
+    def start(self, config: SpecConfig) -> ApplyResult:
+        self.fallback.progress = self.progress
+        result = self.fallback.start(self.engine_config(config))
+        if result.ok:
+            self.current = dict(config)
+        return result
+
+    def ensure_running(self) -> ApplyResult | None:
+        return self.fallback.ensure_running()
+
+    def stop(self) -> None:
+        self.fallback.stop()
+
+    def apply(self, config: SpecConfig) -> ApplyResult:
+        unchanged = self._unchanged(config)
+        if unchanged:
+            return unchanged
+        table, state, reason = self.plan(config)
+        if table is None or state is None:
+            return self._fall_back(config, state, reason)
+        return self._apply_live(config, table, state)
+
+    # -- the live path ---------------------------------------------------------------------------
+    def _apply_live(self, config: SpecConfig, table: list[list[int]], before: ControlState) -> ApplyResult:
+        sub = self.feed.subscribe() if self.feed is not None else None
+        t0, t0_wall = time.monotonic(), time.time()
+        try:
+            try:
+                after = self.control.set_table(table)
+            except ControlError as exc:
+                if exc.code == "invalid_table":
+                    return LiveApplyResult(
+                        ApplyStatus.ROLLED_BACK,
+                        f"the engine refused the K table {table}: {exc}; the previous config stays in force",
+                        self.current,
+                        0.0,
+                        path="live",
+                    )
+                return self._fall_back(config, before, f"control channel: {exc}")
+            set_s = time.monotonic() - t0
+            mismatch = self._read_back_mismatch(table, after)
+            if mismatch:
+                self._restore(before)
+                return self._fall_back(config, before, f"read-back differs from the request: {mismatch}")
+            if sub is None:
+                self.current = dict(config)
+                return LiveApplyResult(
+                    ApplyStatus.APPLIED,
+                    f"K table {after.table} set live in {set_s * 1000:.0f} ms (read back; no step stream to verify)",
+                    self.current,
+                    0.0,
+                    path="live",
+                    verified="read_back",
+                )
+            ev = self._watch(sub, table, before.table, after.max_num_seqs)
+        finally:
+            if sub is not None:
+                sub.close()
+        first_s = None if ev.first_new_wall is None else max(0.0, ev.first_new_wall - t0_wall)
+        verified_s = None if ev.verified_at is None else ev.verified_at - t0
+        verified = ev.verified_at is not None
+        if not verified and ev.old > 0 and ev.new == 0:
+            why = (
+                f"after the live change to {table}, {ev.old} step(s) still drafted the old K and none the new "
+                f"one within {self.verify_timeout_s:g} s: live K does not take effect on this engine"
+            )
+            log.warning("live actuator: %s; restoring %s and falling back", why, before.table)
+            self._not_live[before.pid] = why
+            self._restore(before)
+            return self._fall_back(config, before, why)
+        self.current = dict(config)
+        if verified or ev.new > 0:
+            how, note = "stream", (
+                f"; first step at the new K {first_s * 1000:.0f} ms after the decision" if first_s is not None else ""
+            )
+        else:
+            how, note = "read_back", (
+                "; not yet seen in the step stream (no steps at the changed batch sizes)"
+                if ev.informative == 0
+                else "; the step stream is not conclusive yet"
+            )
+        log.info("live actuator: K table %s in force (%s)%s", after.table, how, note)
+        return LiveApplyResult(
+            ApplyStatus.APPLIED,
+            f"K table {after.table} set live in {set_s * 1000:.0f} ms, no restart{note}",
+            self.current,
+            0.0,
+            path="live",
+            verified=how,
+            decision_to_first_step_s=first_s,
+            decision_to_verified_s=verified_s,
+        )
+
+    def _read_back_mismatch(self, table: list[list[int]], after: ControlState) -> str:
+        for batch_size in range(1, max(after.max_num_seqs, 1) + 1):
+            want, got = k_for_batch(table, batch_size), k_for_batch(after.table, batch_size)
+            if want != got:
+                return f"batch size {batch_size}: asked K={want}, engine uses K={got}"
+        return ""
+
+    def _watch(self, sub: Any, table: list[list[int]], old_table: list[list[int]], max_num_seqs: int) -> _Evidence:
+        ev = _Evidence()
+        deadline = time.monotonic() + self.verify_timeout_s
+        while time.monotonic() < deadline:
+            steps: list[StepRecord] = sub.get(max(0.0, deadline - time.monotonic()))
+            for step in steps:
+                self._judge(ev, step, table, old_table, max_num_seqs)
+            if ev.new >= self.min_evidence_steps or ev.zero_run >= self.zero_k_evidence_steps:
+                ev.verified_at = time.monotonic()
+                break
+        return ev
+
+    @staticmethod
+    def _judge(ev: _Evidence, step: StepRecord, table: list[list[int]], old_table: list[list[int]], max_b: int) -> None:
+        b = min(max(step.batch_size, 1), max_b) if max_b else max(step.batch_size, 1)
+        new_k, old_k = k_for_batch(table, b), k_for_batch(old_table, b)
+        if new_k is None or new_k == old_k:
+            return  # this batch size's K did not change: the step says nothing about the change
+        ev.informative += 1
+        k = drafted_k(step)
+        if new_k == 0:
+            if step.spec.drafts == 0 and step.spec.generated_tokens > 0:
+                ev.zero_run += 1
+                if ev.first_new_wall is None:
+                    ev.first_new_wall = step.ts.timestamp()
+            else:
+                ev.zero_run = 0
+                ev.first_new_wall = None  # a drafted step after "zero" ones: those were prefill steps
+                if k == old_k:
+                    ev.old += 1
+            return
+        if k == new_k:
+            ev.new += 1
+            if ev.first_new_wall is None:
+                ev.first_new_wall = step.ts.timestamp()
+        elif k == old_k and k > 0:
+            ev.old += 1
+
+    def _restore(self, before: ControlState) -> None:
+        try:
+            self.control.set_table(before.table)
+        except ControlError as exc:
+            log.warning("live actuator: could not restore the K table %s (%s)", before.table, exc)
+
+    # -- the fallback path -----------------------------------------------------------------------
+    def _fall_back(self, config: SpecConfig, state: ControlState | None, reason: str) -> ApplyResult:
+        if state is None:
+            try:  # best effort: the engine's K_max and max_num_seqs shape the config it restarts with
+                state = self.control.get()
+            except ControlError:
+                state = None
+        engine_cfg = self.engine_config(config, state)
+        log.info("live actuator: %s; applying through the %s actuator", reason, self.fallback.kind)
+        self.fallback.progress = self.progress  # the controller's audit notes reach through the delegation
+        result = self.fallback.apply(engine_cfg)
+        if result.ok:
+            self.current = dict(config)
+            in_force: SpecConfig | None = self.current
+        elif result.status is ApplyStatus.ROLLED_BACK or result.config is not None:
+            in_force = self.current  # the fallback kept (or restored) what was in force
+        else:
+            in_force = None
+            self.current = None
+        return LiveApplyResult(
+            result.status,
+            f"not live ({reason}); {self.fallback.kind} actuator: {result.message}",
+            in_force,
+            result.downtime_s,
+            result.detail,
+            path=self.fallback.kind,
+            fallback_reason=reason,
+        )
+
+
+def load_or_create_token(path: Path, create: bool) -> str:
+    """The shared plugin token from ``path``; with ``create``, a new random one written 0600 when the
+    file does not exist (the sidecar starts the engine and hands it the same file)."""
+    try:
+        token = path.read_text().strip()
+    except FileNotFoundError:
+        if not create:
+            raise ValueError(
+                f"plugin token file {path} does not exist; write a random secret there and give the engine the "
+                f"same file (SPECTUNER_PLUGIN_TOKEN_FILE={path})"
+            ) from None
+        path.parent.mkdir(parents=True, exist_ok=True)
+        token = secrets.token_urlsafe(32)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(token + "\n")
+        return token
+    if not token:
+        raise ValueError(f"plugin token file {path} is empty; put a random secret in it")
+    return token
+
+
+def plugin_env(*, ingest_url: str | None, control_address: str | None, token_file: Path | None) -> dict[str, str]:
+    """Environment for an engine the sidecar starts, so the plugin inside it finds the sidecar."""
+    env: dict[str, str] = {}
+    if ingest_url:
+        env[plugin_vars.INGEST_URL] = ingest_url
+    if control_address:
+        env[plugin_vars.CONTROL_ADDR] = control_address
+    if token_file is not None:
+        env[plugin_vars.TOKEN_FILE] = str(token_file)
+    return env

@@ -1,0 +1,292 @@
+"""`spectuner status`: what each engine series runs, how speculation is doing, what the controller
+is about to do. Reads only; heavy modules are imported inside the command."""
+
+from __future__ import annotations
+
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from tuner.cli.common import (
+    CONFIG_HELP,
+    DB_HELP,
+    JSON_HELP,
+    ago,
+    db_error_detail,
+    fail_runtime,
+    fail_usage,
+    iso,
+    load_config_or_exit,
+    note,
+    open_store,
+    out_console,
+    print_json,
+    say,
+    short_time,
+)
+
+
+def status(
+    db: str | None = typer.Option(None, "--db", help=DB_HELP),
+    config: Path | None = typer.Option(None, "--config", "-c", help=CONFIG_HELP),
+    engine: str | None = typer.Option(
+        None, "--engine", help="Only the series scraped from this vLLM server (http://HOST:PORT or its /metrics URL)."
+    ),
+    window_s: float = typer.Option(300.0, "--window-s", help="Seconds of windows behind α̂ and throughput."),
+    events_window_s: float = typer.Option(86400.0, "--events-window-s", help="Seconds of events to count."),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+) -> None:
+    """Per engine series: the config in force, α̂ and throughput over the last window, pause, pending
+    changes, the last decision and recent events."""
+    if not window_s > 0:
+        fail_usage(f"--window-s must be positive but got {window_s}")
+    if not events_window_s > 0:
+        fail_usage(f"--events-window-s must be positive but got {events_window_s}")
+    from sqlalchemy.exc import SQLAlchemyError
+
+    cfg = load_config_or_exit(config)
+    url_filter = _engine_url(engine or (cfg.engine.metrics_url if cfg is not None else None))
+    store = open_store(db, config, cfg)
+    now = datetime.now(UTC)
+    try:
+        with store:
+            data = gather(store, now, window_s, events_window_s, url_filter)
+    except SQLAlchemyError as exc:
+        fail_runtime(f"cannot read the database {store!r}: {db_error_detail(exc)}")
+    if engine is not None and not data["engines"]:
+        fail_usage(f"no engine series scraped from {url_filter} in {data['db']}; `spectuner status` lists them all")
+    if as_json:
+        print_json(data)
+        return
+    _print_human(data, now)
+
+
+def _engine_url(text: str | None) -> str | None:
+    """The series' URL as the collector stores it (the /metrics URL)."""
+    if text is None:
+        return None
+    from collectors.scrape import metrics_url
+
+    try:
+        return metrics_url(text)
+    except ValueError as exc:
+        fail_usage(f"--engine: {exc}")
+
+
+def gather(store: Any, now: datetime, window_s: float, events_window_s: float, url: str | None) -> dict[str, Any]:
+    """The status document (the ``--json`` output)."""
+    from policies.acceptance import estimate_alpha
+    from tuner.controller import manual
+    from tuner.controller.reconcile import CHANGE
+    from tuner.store import DecisionStatus
+    from tuner.store.url import render_url
+
+    since = now - timedelta(seconds=window_s)
+    events_since = now - timedelta(seconds=events_window_s)
+    pauses = manual.active_pauses(store)
+    overrides = manual.pending_overrides(store)
+    in_flight = [
+        d
+        for status in (DecisionStatus.APPLYING, DecisionStatus.APPLIED)
+        for d in store.decisions(status=status)
+        if d.decision.action in (CHANGE, manual.OVERRIDE)
+    ]
+    engines = []
+    for stored in store.engines():
+        key = stored.key
+        if url is not None and key.url != url:
+            continue
+        current = store.current_config(key)
+        latest = store.latest_window(key)
+        totals = store.window_totals(key, since, now + timedelta(microseconds=1))
+        est = estimate_alpha(totals.spec)
+        last = store.decisions(key=key, limit=1, newest_first=True)
+        severities = Counter(e.severity for e in store.events(events_since, None, key=key))
+        engines.append(
+            {
+                "url": key.url,
+                "model_name": key.model_name,
+                "engine": key.engine,
+                "config": _config(store, current),
+                "last_window_end": iso(latest.end) if latest else None,
+                "last_window_age_s": round((now - latest.end).total_seconds(), 1) if latest else None,
+                "window": {
+                    "window_s": window_s,
+                    "windows": totals.windows,
+                    "duration_s": round(totals.duration_s, 3),
+                    "generation_tokens": totals.generation_tokens,
+                    "throughput_tokens_per_s": (
+                        totals.generation_tokens / totals.duration_s if totals.duration_s > 0 else None
+                    ),
+                    "resets": totals.resets,
+                    **est.to_dict(),
+                    "alpha_reason": est.reason.value,
+                },
+                "pending": [_decision(d) for d in in_flight if d.decision.engine in (None, key)],
+                "last_decision": _decision(last[0]) if last else None,
+                "events": {
+                    "since": iso(events_since),
+                    **{s: severities.get(s, 0) for s in ("info", "warning", "critical")},
+                },
+            }
+        )
+    return {
+        "db": render_url(store.url),
+        "window_s": window_s,
+        "events_window_s": events_window_s,
+        "now": iso(now),
+        "paused": bool(pauses),
+        "pauses": [_decision(d) for d in pauses],
+        "pending_overrides": [_decision(d) for d in overrides],
+        "engines": engines,
+    }
+
+
+def _config(store: Any, stored: Any) -> dict[str, Any] | None:
+    if stored is None:
+        return None
+    c = stored.config
+    by = None
+    if c.decision_id is not None:
+        try:
+            by = store.decision(c.decision_id).decision.inputs.get("by")
+        except LookupError:
+            by = None
+    return {
+        "id": stored.id,
+        "method": c.method,
+        "draft_model": c.draft_model,
+        "num_spec_tokens": c.num_spec_tokens,
+        "k_table": [list(r) for r in c.k_table] if c.k_table else None,
+        "since": iso(c.started_at),
+        "applied_by": str(c.applied_by),
+        "decision_id": c.decision_id,
+        "by": by,
+        "spec_config": c.spec_config,
+    }
+
+
+def _decision(d: Any) -> dict[str, Any]:
+    rec = d.decision
+    return {
+        "id": d.id,
+        "created_at": iso(rec.created_at),
+        "updated_at": iso(d.updated_at),
+        "action": rec.action,
+        "reason": rec.reason,
+        "status": rec.status,
+        "mode": rec.mode,
+        "by": rec.inputs.get("by") if rec.mode == "manual" else None,
+        "message": rec.message,
+        "status_message": d.status_message,
+        "proposed_config": rec.proposed_config,
+        "predicted_gain": rec.predicted_gain,
+        "realized_gain": d.realized_gain,
+        "engine": None
+        if rec.engine is None
+        else {"url": rec.engine.url, "model_name": rec.engine.model_name, "engine": rec.engine.engine},
+    }
+
+
+def describe_config(c: dict[str, Any] | None) -> str:
+    """One line for a config dict as ``_config`` or a vLLM speculative-config gives it."""
+    if c is None:
+        return "unknown (nothing recorded yet)"
+    method = c.get("method", "?")
+    if method == "off":
+        return "speculation off"
+    draft = c.get("draft_model") or c.get("model")
+    k = c.get("num_spec_tokens", c.get("num_speculative_tokens"))
+    table = c.get("k_table") or c.get("num_speculative_tokens_per_batch_size")
+    parts = [str(method)]
+    if draft:
+        parts.append(str(draft))
+    parts.append(f"K={k}")
+    if table:
+        parts.append("per batch size " + ", ".join(f"{lo}-{hi}:{kk}" for lo, hi, kk in table))
+    return " ".join(parts)
+
+
+def _fmt(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _print_human(data: dict[str, Any], now: datetime) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    class _EscapingTable(Table):
+        """Cells hold user text (paths, messages): never read it as Rich markup."""
+
+        def add_row(self, *cells: Any, **kwargs: Any) -> None:
+            super().add_row(*(escape(c) if isinstance(c, str) else c for c in cells), **kwargs)
+
+    if data["paused"]:
+        for p in data["pauses"]:
+            how_long = ago(datetime.fromisoformat(p["created_at"]), now)
+            note(
+                f"since {short_time(p['created_at'])} UTC ({how_long}): {p['message']} "
+                f"(audit id {p['id']}; `spectuner resume` lifts it)",
+                label="PAUSED",
+            )
+    else:
+        say("controller: not paused")
+    for o in data["pending_overrides"]:
+        note(
+            f"audit id {o['id']}, by {o['by']}, {short_time(o['created_at'])} UTC: "
+            f"{describe_config(o['proposed_config'])}",
+            label="override waiting",
+        )
+    if not data["engines"]:
+        say(f"no engine series in {data['db']} yet: start the collector (`spectuner run` or `collect`)")
+        return
+    for e in data["engines"]:
+        title = escape(f"{e['model_name']} / engine {e['engine']} @ {e['url']}")
+        table = _EscapingTable(title=title, title_justify="left", show_header=False)
+        table.add_column("what")
+        table.add_column("value")
+        c = e["config"]
+        table.add_row("config", describe_config(c))
+        if c is not None:
+            who = f" by {c['by']}" if c["by"] else ""
+            started = datetime.fromisoformat(c["since"])
+            since = f"{short_time(c['since'])} UTC ({ago(started, now)})"
+            table.add_row("in force since", f"{since}, applied by {c['applied_by']}{who}")
+        last_end = e["last_window_end"]
+        table.add_row("last window", "none" if last_end is None else ago(datetime.fromisoformat(last_end), now))
+        w = e["window"]
+        if w["windows"]:
+            ci = w["alpha_ci"]
+            alpha = "—" if w["alpha"] is None else f"{w['alpha']:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
+            evidence = f"from {w['drafts']:,} drafts in {w['windows']} windows"
+            table.add_row(f"α̂ (last {w['window_s']:g} s)", f"{alpha}  {evidence}")
+            table.add_row("draft acceptance rate A/T", _fmt(w["draft_acceptance_rate"]))
+            table.add_row("mean acceptance length", _fmt(w["mean_acceptance_length"], 2))
+            table.add_row("throughput", f"{_fmt(w['throughput_tokens_per_s'], 1)} generated tokens/s")
+        else:
+            table.add_row(f"last {w['window_s']:g} s", "no windows (is the collector running?)")
+        for p in e["pending"]:
+            table.add_row(
+                "pending", f"{p['action']} {p['status']} (audit id {p['id']}): {describe_config(p['proposed_config'])}"
+            )
+        d = e["last_decision"]
+        if d is not None:
+            what = f"{d['action']} / {d['reason']} → {d['status']} (audit id {d['id']})"
+            table.add_row("last decision", f"{short_time(d['created_at'])} UTC {what}: {d['message']}")
+        ev = e["events"]
+        table.add_row(
+            f"events (last {data['events_window_s'] / 3600:g} h)",
+            f"{ev['critical']} critical, {ev['warning']} warning, {ev['info']} info",
+        )
+        out_console.print(table)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("status")(status)

@@ -1,0 +1,44 @@
+"""The ``[exporters]`` config: window and refresh, ``[exporters.prometheus]``, ``[exporters.otlp]``."""
+
+from __future__ import annotations
+
+import re
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PrometheusSection(_Section):
+    enabled: bool = False
+    host: str = Field(default="127.0.0.1", description="bind address; 0.0.0.0 exposes it to the network")
+    port: int = Field(default=9464, ge=0, le=65535, description="0 picks a free port (tests)")
+
+
+class OtlpSection(_Section):
+    enabled: bool = False
+    endpoint: str = Field(default="http://127.0.0.1:4318", description="OTLP/HTTP base; /v1/metrics, /v1/traces added")
+    interval_s: float = Field(default=30.0, gt=0, description="metric export interval")
+    timeout_s: float = Field(default=10.0, gt=0)
+    headers: dict[str, str] = Field(default_factory=dict, description="e.g. an auth header for a vendor endpoint")
+    traces: bool = Field(default=True, description="a span per decision and per apply")
+
+    @field_validator("endpoint")
+    @classmethod
+    def _http(cls, value: str) -> str:
+        if not re.match(r"^https?://[^/\s]+", value):
+            raise ValueError(f"{value!r} is not an http(s) URL; write http://HOST:4318")
+        return value.rstrip("/")
+
+
+class ExportersSection(_Section):
+    window_s: float = Field(default=120.0, gt=0, description="figures over windows that ended in the last N s")
+    refresh_interval_s: float = Field(default=15.0, gt=0, description="how often values are recomputed")
+    prometheus: PrometheusSection = Field(default_factory=PrometheusSection)
+    otlp: OtlpSection = Field(default_factory=OtlpSection)
+
+    @property
+    def enabled(self) -> bool:
+        return self.prometheus.enabled or self.otlp.enabled

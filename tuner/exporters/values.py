@@ -1,0 +1,276 @@
+"""Snapshot → metric values: the one place that decides what spectuner exports (docs/exporters.md).
+
+Purely computational: frozen snapshots of what the store holds go in, :class:`Sample` s come out; the
+Prometheus collector and the OpenTelemetry callbacks only copy them. Counters are kept as running
+totals (:class:`CounterTotals`), advanced by rows seen for the first time, so they only grow within a
+process even when retention prunes the rows they were counted from.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+from collectors.records import EngineKey
+from policies.acceptance import estimate_alpha
+from policies.counters import SpecCounters
+
+Kind = Literal["gauge", "counter"]
+BASE_LABELS = ("engine", "model_name")
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    name: str
+    kind: Kind
+    help: str
+    unit: str = ""
+    extra_labels: tuple[str, ...] = ()
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        return BASE_LABELS + self.extra_labels
+
+
+METRICS: dict[str, MetricSpec] = {
+    m.name: m
+    for m in (
+        MetricSpec("spectuner_alpha", "gauge", "Estimated per-token draft acceptance probability (alpha-hat, MLE)"),
+        MetricSpec("spectuner_alpha_lower", "gauge", "Lower end of alpha-hat's 95% interval"),
+        MetricSpec("spectuner_alpha_upper", "gauge", "Upper end of alpha-hat's 95% interval"),
+        MetricSpec("spectuner_draft_acceptance_rate", "gauge", "vLLM draft acceptance rate A/T (depends on K)"),
+        MetricSpec("spectuner_mean_acceptance_length", "gauge", "Tokens per verify step, 1 + A/D", "tokens"),
+        MetricSpec(
+            "spectuner_effective_throughput_tokens_per_second", "gauge", "Generated tokens per second", "tokens/s"
+        ),
+        MetricSpec(
+            "spectuner_speculation_overhead_ratio",
+            "gauge",
+            "Modelled share of step time spent drafting and verifying rejected draft tokens",
+        ),
+        MetricSpec("spectuner_num_speculative_tokens", "gauge", "K of the config in force", "tokens"),
+        MetricSpec("spectuner_config_info", "gauge", "The config in force (value 1)", "", ("method", "draft")),
+        MetricSpec("spectuner_predicted_speedup", "gauge", "Predicted gain of the last verified change", "ratio"),
+        MetricSpec("spectuner_realized_speedup", "gauge", "Realized gain of the last verified change", "ratio"),
+        MetricSpec("spectuner_last_scrape_age_seconds", "gauge", "Age of the newest stored window", "s"),
+        MetricSpec("spectuner_engine_up", "gauge", "1 unless the health job reported the engine down"),
+        MetricSpec(
+            "spectuner_decisions_total", "counter", "Decisions recorded, by action and reason", "", ("action", "reason")
+        ),
+        MetricSpec("spectuner_draft_swaps_total", "counter", "Draft model changes applied"),
+        MetricSpec("spectuner_rollbacks_total", "counter", "Rollbacks (apply failed to come up, or regression)"),
+        MetricSpec("spectuner_collector_errors_total", "counter", "Collector failure episodes by kind", "", ("kind",)),
+        MetricSpec(
+            "spectuner_alert_deliveries_total",
+            "counter",
+            "Alert deliveries by sink and outcome",
+            "",
+            ("sink", "outcome"),
+        ),
+    )
+}
+
+ROLLBACK_KINDS = frozenset({"apply_rolled_back", "regression_rolled_back"})
+DOWN_KINDS = frozenset({"engine_down", "engine_unhealthy"})
+UP_KINDS = frozenset({"engine_restarted", "engine_up"})
+HEALTH_KINDS = DOWN_KINDS | UP_KINDS
+CHANGE_SOURCES = frozenset({"restart", "live", "command", "webhook", "manual", "rollback"})
+_NO_DRAFT_METHODS = frozenset({"off", "ngram", "suffix", "none", ""})
+
+
+@dataclass(frozen=True)
+class Sample:
+    name: str
+    labels: tuple[tuple[str, str], ...]  # in the metric's label order
+    value: float
+
+
+@dataclass(frozen=True)
+class ConfigView:
+    """The config in force on one engine series."""
+
+    method: str
+    draft: str | None
+    num_spec_tokens: int | None
+    k_table: tuple[tuple[int, int, int], ...] | None = None
+
+    @property
+    def k(self) -> int:
+        """K; 0 with speculation off; the largest K of a per-batch-size table."""
+        if self.method in ("off", "none"):
+            return 0
+        if self.k_table:
+            return max(row[2] for row in self.k_table)
+        return self.num_spec_tokens or 0
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    """What the store says about one engine series at ``now`` (window figures: current config only)."""
+
+    key: EngineKey
+    now: datetime
+    config: ConfigView | None
+    spec: SpecCounters | None  # summed over the windows in the export window under the current config
+    duration_s: float  # summed window durations
+    generation_tokens: float
+    last_window_end: datetime | None
+    up: bool = True
+    predicted_speedup: float | None = None
+    realized_speedup: float | None = None
+
+
+def overhead_ratio(counters: SpecCounters, k: int, cost_ratio: float) -> float | None:
+    """(K·c + (T − A)/(T + D)) / (1 + K·c): drafting plus the target's work on rejected positions, as a
+    share of a step costing one target pass (T/D + 1 positions) and K draft passes (c each)."""
+    d, t, a = counters.drafts, counters.draft_tokens, counters.accepted_tokens
+    if d <= 0 or k <= 0 or t + d <= 0:
+        return None
+    draft = k * cost_ratio
+    rejected_share = max(0.0, t - a) / (t + d)
+    return (draft + rejected_share) / (1.0 + draft)
+
+
+def _finite(value: float | None) -> bool:
+    return value is not None and math.isfinite(value)
+
+
+def engine_samples(snap: EngineSnapshot, *, cost_ratio: float, confidence: float = 0.95) -> list[Sample]:
+    """The gauges of one engine series. A figure that cannot be computed is left out (no false 0)."""
+    base = (("engine", snap.key.engine), ("model_name", snap.key.model_name))
+    out: list[Sample] = []
+
+    def put(name: str, value: float | None, *extra: tuple[str, str]) -> None:
+        if value is not None and _finite(float(value)):
+            out.append(Sample(name, base + extra, float(value)))
+
+    if snap.config is not None:
+        put("spectuner_num_speculative_tokens", snap.config.k)
+        put("spectuner_config_info", 1.0, ("method", snap.config.method), ("draft", snap.config.draft or ""))
+    spec = snap.spec
+    if spec is not None and spec.drafts > 0:
+        est = estimate_alpha(spec, confidence)
+        put("spectuner_alpha", est.alpha)
+        if est.alpha_ci is not None:
+            put("spectuner_alpha_lower", est.alpha_ci[0])
+            put("spectuner_alpha_upper", est.alpha_ci[1])
+        put("spectuner_draft_acceptance_rate", est.draft_acceptance_rate)
+        put("spectuner_mean_acceptance_length", est.mean_acceptance_length)
+        k = snap.config.k if snap.config is not None and snap.config.k > 0 else spec.k
+        put("spectuner_speculation_overhead_ratio", overhead_ratio(spec, k, cost_ratio))
+    if snap.duration_s > 0:
+        put("spectuner_effective_throughput_tokens_per_second", snap.generation_tokens / snap.duration_s)
+    put("spectuner_predicted_speedup", snap.predicted_speedup)
+    put("spectuner_realized_speedup", snap.realized_speedup)
+    if snap.last_window_end is not None:
+        put("spectuner_last_scrape_age_seconds", max(0.0, (snap.now - snap.last_window_end).total_seconds()))
+    put("spectuner_engine_up", 1.0 if snap.up else 0.0)
+    return out
+
+
+# --- counters ---------------------------------------------------------------------------------------
+
+
+def decision_action(action: str, status: str) -> str:
+    """The ``action`` label: what became of a controller proposal when recorded; else the order."""
+    if action == "change":
+        if status in ("advisory", "blocked"):
+            return status
+        return "apply"
+    return action
+
+
+def collector_error_kind(kind: str, data: Mapping[str, object]) -> str | None:
+    """The ``kind`` label of a collector failure event, or None for other events."""
+    if kind == "collector_error":
+        return str(data.get("reason") or "unknown")
+    if kind == "scrape_stale":
+        return "stale"
+    return None
+
+
+def is_draft_swap(previous: tuple[str, str | None] | None, current: tuple[str, str | None], applied_by: str) -> bool:
+    """A config (method, draft) that replaces a different draft by our (or an operator's) hand."""
+    if previous is None or applied_by not in CHANGE_SOURCES:
+        return False
+    if previous[0] in _NO_DRAFT_METHODS and current[0] in _NO_DRAFT_METHODS and previous[0] == current[0]:
+        return False
+    return previous != current
+
+
+EngineLabels = tuple[str, str]  # (engine, model_name); ("", "") for rows without an engine
+
+
+@dataclass
+class CounterTotals:
+    """Running totals; a server-level count (collector errors) is kept by metrics URL and shown on
+    the first engine series of that server."""
+
+    decisions: dict[tuple[EngineLabels, str, str], int] = field(default_factory=dict)
+    swaps: dict[EngineLabels, int] = field(default_factory=dict)
+    rollbacks: dict[EngineLabels, int] = field(default_factory=dict)
+    collector_errors: dict[tuple[str, str], int] = field(default_factory=dict)  # (url, kind)
+    deliveries: dict[tuple[EngineLabels, str, str], int] = field(default_factory=dict)
+
+    @staticmethod
+    def _add(table: dict[Any, int], key: object, n: int = 1) -> None:
+        table[key] = table.get(key, 0) + n
+
+    def add_decision(self, labels: EngineLabels, action: str, status: str, reason: str) -> None:
+        self._add(self.decisions, (labels, decision_action(action, status), reason))
+
+    def add_config(
+        self, labels: EngineLabels, previous: tuple[str, str | None] | None, current: tuple[str, str | None], by: str
+    ) -> None:
+        if is_draft_swap(previous, current, by):
+            self._add(self.swaps, labels)
+
+    def add_event(self, labels: EngineLabels, kind: str, data: Mapping[str, object]) -> None:
+        if kind in ROLLBACK_KINDS:
+            self._add(self.rollbacks, labels)
+        err = collector_error_kind(kind, data)
+        if err is not None:
+            self._add(self.collector_errors, (str(data.get("url") or ""), err))
+
+    def add_deliveries(self, labels: EngineLabels, sink: str, outcome: str, n: int) -> None:
+        self._add(self.deliveries, (labels, sink, outcome), n)
+
+    def samples(self, engines: Sequence[EngineKey]) -> list[Sample]:
+        """Counter samples. Every engine series shown gets a zero for its unlabelled counters, so
+        ``rate()`` has a series from the start."""
+        out: list[Sample] = []
+
+        def lab(labels: EngineLabels) -> tuple[tuple[str, str], ...]:
+            return (("engine", labels[0]), ("model_name", labels[1]))
+
+        shown = {(k.engine, k.model_name) for k in engines}
+        for labels in sorted(shown | set(self.swaps)):
+            out.append(Sample("spectuner_draft_swaps_total", lab(labels), float(self.swaps.get(labels, 0))))
+        for labels in sorted(shown | set(self.rollbacks)):
+            out.append(Sample("spectuner_rollbacks_total", lab(labels), float(self.rollbacks.get(labels, 0))))
+        for (labels, action, reason), n in sorted(self.decisions.items()):
+            out.append(Sample("spectuner_decisions_total", (*lab(labels), ("action", action), ("reason", reason)), n))
+        # A server-level count goes on the server's first engine series (as the controller records its
+        # decisions): a sum over engine series stays right, and it moves with no engine's restart.
+        first: dict[str, EngineKey] = {}
+        for key in sorted(engines, key=lambda k: (k.model_name, k.engine)):
+            first.setdefault(key.url, key)
+        for (url, kind), n in sorted(self.collector_errors.items()):
+            if url in first:
+                labels = (first[url].engine, first[url].model_name)
+                out.append(Sample("spectuner_collector_errors_total", (*lab(labels), ("kind", kind)), float(n)))
+        for (labels, sink, outcome), n in sorted(self.deliveries.items()):
+            out.append(
+                Sample("spectuner_alert_deliveries_total", (*lab(labels), ("sink", sink), ("outcome", outcome)), n)
+            )
+        return out
+
+
+def by_name(samples: Iterable[Sample]) -> dict[str, list[Sample]]:
+    out: dict[str, list[Sample]] = {name: [] for name in METRICS}
+    for s in samples:
+        out.setdefault(s.name, []).append(s)
+    return out

@@ -1,0 +1,151 @@
+"""A ``spectuner.toml`` for the lab engine: the daemon supervises a real vLLM server on the lab models.
+
+Used by the closed-loop demo and the live controller tests. Intervals are short (seconds, not
+minutes) so a whole loop — weak draft, swap, K tuning — fits a few minutes on 2 cores; the guardrail
+logic is the production one, only the numbers differ.
+
+The step-cost model is the lab's, derived from the throughput LAB.md measured for these tiny models
+(no speculation 459 / 4428 tok/s at 1 / 16 streams; a target-sized draft at K = 3: 512 / 2743 tok/s):
+T(B, K) = 2.08 ms + 0.095 ms·B·(K+1) + K·(1.56 ms + 0.217 ms·B). A draft pass costs about 0.8 of a
+target pass (c ≈ 0.8: the lab's drafts are target-shaped), so speculation pays only with a very good
+draft at low load, and loses at 16 streams — the regime the per-batch-size table is for.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tuner.lab.serve import LabServer
+
+LAB_STEP_COST: dict[str, float] = {
+    "fixed_s": 2.08e-3,
+    "per_token_s": 9.5e-5,
+    "draft_fixed_s": 1.56e-3,
+    "draft_per_seq_s": 2.17e-4,
+}
+LAB_DRAFT_COST_RATIO = 0.8
+PRIOR_ALPHA = {"good": 0.9, "medium": 0.7, "weak": 0.3, "copy": 0.95, "random": 0.05}
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    start_draft: str = "weak"
+    start_k: int = 3
+    candidates: tuple[str, ...] = ("good", "medium")
+    broken_candidate: str | None = None  # a path that does not hold a loadable draft (prior α 0.97)
+    per_batch_size: bool = False
+    k_max: int = 4
+    max_batch_size: int = 16
+    mode: str = "auto"
+    collect_interval_s: float = 2.0
+    decide_interval_s: float = 5.0
+    evidence_window_s: float = 60.0
+    swap_duration_s: float = 40.0
+    swap_min_drafts: int = 150
+    min_drafts: int = 100
+    min_evidence_s: float = 15.0
+    hysteresis_ticks: int = 2
+    cooldown_s: float = 30.0
+    verify_window_s: float = 40.0
+    restart_downtime_s: float = 90.0
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, Sequence):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, Mapping):
+        return "{ " + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + " }"
+    raise TypeError(f"cannot write {type(value).__name__} to TOML")
+
+
+def _table(name: str, values: Mapping[str, Any], array: bool = False) -> str:
+    head = f"[[{name}]]" if array else f"[{name}]"
+    return "\n".join([head, *(f"{k} = {_toml_value(v)}" for k, v in values.items() if v is not None)]) + "\n"
+
+
+def lab_daemon_config(
+    server: LabServer, db_url: str, settings: LoopSettings = LoopSettings(), log_path: Path | None = None
+) -> str:
+    """The TOML text of a daemon config that supervises ``server``'s command line (not started here)."""
+    manifest = server.manifest
+    start = manifest.drafts[settings.start_draft]
+    # The lab server's argv without speculation; the restart actuator appends --speculative-config.
+    bare = LabServer(
+        draft="none", k=0, port=server.port, models_dir=server.models_dir, workdir=server.workdir,
+        max_num_seqs=settings.max_batch_size,
+    )
+    parts = [
+        _table("engine", {"metrics_url": server.base_url}),
+        _table(
+            "speculative",
+            {"method": start.method, "model": start.path if start.method != "ngram" else None,
+             "num_speculative_tokens": settings.start_k},
+        ),
+        _table("actuator", {"kind": "restart"}),
+        _table(
+            "actuator.restart",
+            {"argv": bare.argv(), "startup_timeout_s": 300.0, "shutdown_timeout_s": 5.0,
+             "log_path": str(log_path or server.log_path), "pass_shutdown_timeout": False,
+             "env": server.env()},
+        ),
+        _table(
+            "policy",
+            {"k_max": settings.k_max, "cost_ratio": LAB_DRAFT_COST_RATIO,
+             "evidence_window_s": settings.evidence_window_s, "per_batch_size": settings.per_batch_size,
+             "max_batch_size": settings.max_batch_size},
+        ),
+        _table("policy.step_cost", LAB_STEP_COST),
+        _table(
+            "swap",
+            {"threshold": 0.4, "duration_s": settings.swap_duration_s, "min_drafts": settings.swap_min_drafts,
+             "segments": 2},
+        ),
+        _table(
+            "guardrails",
+            {"min_drafts": settings.min_drafts, "min_evidence_s": settings.min_evidence_s, "min_gain": 0.03,
+             "hysteresis_ticks": settings.hysteresis_ticks, "cooldown_s": settings.cooldown_s,
+             "max_changes_per_hour": 20, "restart_downtime_s": settings.restart_downtime_s,
+             "payback_horizon_s": 3600.0},
+        ),
+        _table(
+            "controller",
+            {"mode": settings.mode, "collect_interval_s": settings.collect_interval_s,
+             "decide_interval_s": settings.decide_interval_s, "health_interval_s": 5.0,
+             "retention_interval_s": 300.0, "verify_window_s": settings.verify_window_s,
+             "regression_tolerance": 0.1},
+        ),
+        _table("database", {"url": db_url}),
+    ]
+    for name in settings.candidates:
+        info = manifest.drafts[name]
+        parts.append(
+            _table(
+                "drafts",
+                {"name": name, "method": info.method, "model": info.path if info.method != "ngram" else None,
+                 "prior_alpha": PRIOR_ALPHA.get(name, 0.5), "cost_ratio": LAB_DRAFT_COST_RATIO},
+                array=True,
+            )
+        )
+    if settings.broken_candidate is not None:
+        parts.append(
+            _table(
+                "drafts",
+                {"name": "broken", "method": "draft_model", "model": settings.broken_candidate,
+                 "prior_alpha": 0.97, "cost_ratio": LAB_DRAFT_COST_RATIO},
+                array=True,
+            )
+        )
+    return "\n".join(parts)
+
+
+__all__ = ["LAB_DRAFT_COST_RATIO", "LAB_STEP_COST", "LoopSettings", "lab_daemon_config"]

@@ -1,0 +1,320 @@
+"""The simulated speculative-decoding engine: what a scenario's engine would emit per collect window.
+
+The model, per window of length Δ at time t (its midpoint):
+
+- batch B = min(concurrency(t), max_num_seqs, the sequences that fit memory with this config);
+- step time T(B, K) = a + b·B·(K+1) + K·c·(a + b·B) (``StepCostModel.from_cost_ratio`` with the draft's c),
+  times (1 + cv·z) with z a per-window standard normal;
+- steps Δ / T; drafts D = round(steps · B) (vLLM counts one draft per sequence per step);
+- accepted length per draft n ∈ 0..K with P(n ≥ j) = Π_{i<j} c_i, c_i = α(t)·(1 − decay)^i, drawn as one
+  multinomial over the D drafts; a_i = #drafts with n > i; A = Σ a_i; generated tokens G = D + A;
+- K = 0: G = steps · B and no spec counters (vLLM has no spec-decode series then).
+
+α(t) is the draft's schedule (or constant α) times the load phase's ``alpha_scale`` plus a per-window
+jitter (the prompt mix). Load, jitter and step noise are functions of time drawn once from the
+scenario's seed, so every policy sees the same world; only the acceptance draws depend on the run.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from policies.counters import SpecCounters
+from policies.step_cost import StepCostModel
+from tuner.sim.scenario import DraftSection, Scenario
+
+OFF_SPEC: dict[str, Any] = {"method": "off", "num_speculative_tokens": 0}  # what propose_k proposes for K = 0
+_MAX_ALPHA = 0.999
+
+
+@dataclass(frozen=True, order=True)
+class SimConfig:
+    """One speculative config: a draft and K (K_max when a per-batch-size table is given), or
+    speculation off (``draft`` None or K = 0). ``table`` rows are vLLM's inclusive [lo, hi, K]."""
+
+    draft: str | None
+    k: int
+    table: tuple[tuple[int, int, int], ...] | None = None
+
+    @property
+    def off(self) -> bool:
+        return self.draft is None or self.k == 0
+
+    @property
+    def label(self) -> str:
+        if self.off:
+            return "off"
+        if self.table:
+            rows = ",".join(f"{lo}-{hi}:{k}" for lo, hi, k in self.table)
+            return f"{self.draft}/table[{rows}]"
+        return f"{self.draft}/K={self.k}"
+
+    def k_at(self, batch: NDArray[np.float64]) -> NDArray[np.int64]:
+        """K in force at each batch size (the table's row for round(B); K beyond the last row: its K)."""
+        b = np.maximum(np.rint(batch), 1).astype(np.int64)
+        if self.off:
+            return np.zeros(b.shape, dtype=np.int64)
+        if not self.table:
+            return np.full(b.shape, self.k, dtype=np.int64)
+        out = np.full(b.shape, self.table[-1][2], dtype=np.int64)
+        for lo, hi, k in self.table:
+            out[(b >= lo) & (b <= hi)] = k
+        return out
+
+
+OFF = SimConfig(None, 0)
+
+
+class SimEngine:
+    """Closed forms (expected goodput) and seeded window draws for one scenario."""
+
+    def __init__(self, scenario: Scenario) -> None:
+        self.scenario = scenario
+        self.drafts = {d.name: d for d in scenario.drafts}
+        e = scenario.engine
+        self.cost = {d.name: _draft_cost(d, e.target_step_s, e.per_token_s) for d in scenario.drafts}
+        self.target_cost = StepCostModel.from_cost_ratio(0.0, e.target_step_s, e.per_token_s)
+        slot = scenario.controller.collect_interval_s
+        n_slots = math.ceil(scenario.duration_s / slot) + 2
+        self._slot_s = slot
+        # Common random numbers: the same prompt-mix jitter and step-time noise for every policy.
+        self._jitter = np.random.default_rng([scenario.seed, 2]).standard_normal(n_slots)
+        self._step_noise = np.random.default_rng([scenario.seed, 3]).standard_normal(n_slots)
+        self._bursts = self._burst_starts()
+        phases = scenario.load.phases
+        self._phase_ends = np.cumsum([p.duration_s for p in phases]) if phases else np.array([np.inf])
+        self._phase_concurrency = np.array([p.concurrency for p in phases] or [0.0])
+        self._phase_scale = {
+            d.name: np.array([p.scale_for(d.name) for p in phases] or [1.0]) for d in scenario.drafts
+        }
+
+    # -- configs -------------------------------------------------------------------------------
+    def to_spec(self, cfg: SimConfig) -> dict[str, Any]:
+        """The ``--speculative-config`` the controller and store see for ``cfg``."""
+        if cfg.off:
+            return dict(OFF_SPEC)
+        d = self.drafts[str(cfg.draft)]
+        spec: dict[str, Any] = {"method": d.method, "num_speculative_tokens": cfg.k}
+        if d.path is not None:
+            spec["model"] = d.path
+        if cfg.table:
+            spec["num_speculative_tokens_per_batch_size"] = [list(r) for r in cfg.table]
+        return spec
+
+    def from_spec(self, spec: dict[str, Any]) -> SimConfig | None:
+        """The config a ``--speculative-config`` means, or None if no draft of the scenario matches."""
+        k = spec.get("num_speculative_tokens")
+        if spec.get("method") in (None, "off") or k == 0:
+            return OFF
+        if not isinstance(k, int) or k < 0:
+            return None
+        rows = spec.get("num_speculative_tokens_per_batch_size")
+        table: tuple[tuple[int, int, int], ...] | None = None
+        if rows:
+            try:
+                table = tuple((int(r[0]), int(r[1]), int(r[2])) for r in rows)
+            except (TypeError, ValueError, IndexError):
+                return None
+            if any(kk > k for _, _, kk in table):
+                return None  # vLLM refuses a table above K
+        for d in self.scenario.drafts:
+            if d.method == spec.get("method") and d.path == spec.get("model"):
+                return SimConfig(d.name, k, table)
+        return None
+
+    def all_configs(self, k_max: int | None = None) -> list[SimConfig]:
+        """Speculation off plus every draft at K = 1..k_max (the "best fixed in hindsight" search space)."""
+        k_max = k_max or self.scenario.controller.k_max
+        return [OFF, *(SimConfig(d.name, k) for d in self.scenario.drafts for k in range(1, k_max + 1))]
+
+    # -- load ----------------------------------------------------------------------------------
+    def _burst_starts(self) -> NDArray[np.float64]:
+        load = self.scenario.load
+        if load.kind != "bursty":
+            return np.zeros(0)
+        rng = np.random.default_rng([self.scenario.seed, 1])
+        starts, t = [], 0.0
+        while t < self.scenario.duration_s:
+            t += float(rng.exponential(load.burst_every_s))
+            starts.append(t)
+        return np.asarray(starts)
+
+    def _phase(self, t: ArrayLike) -> NDArray[np.int64]:
+        idx = np.searchsorted(self._phase_ends, np.asarray(t, dtype=float), side="right")
+        return np.minimum(idx, len(self._phase_ends) - 1)
+
+    def concurrency(self, t: ArrayLike) -> NDArray[np.float64]:
+        """Requests in the engine at time(s) t (closed-loop load)."""
+        tt = np.asarray(t, dtype=float)
+        load = self.scenario.load
+        if load.kind == "constant":
+            return np.full(tt.shape, load.concurrency)
+        if load.kind == "diurnal":
+            mid = (load.peak_concurrency + load.trough_concurrency) / 2.0
+            amp = (load.peak_concurrency - load.trough_concurrency) / 2.0
+            return mid + amp * np.cos(2.0 * np.pi * (tt - load.peak_at_s) / load.period_s)
+        if load.kind == "bursty":
+            i = np.searchsorted(self._bursts, tt, side="right") - 1
+            last = np.where(i >= 0, self._bursts[np.maximum(i, 0)], -np.inf) if self._bursts.size else -np.inf
+            in_burst = (i >= 0) & (tt < last + load.burst_duration_s)
+            return np.where(in_burst, load.burst_concurrency, load.concurrency)
+        return self._phase_concurrency[self._phase(tt)]
+
+    def alpha_scale(self, draft: str, t: ArrayLike) -> NDArray[np.float64]:
+        tt = np.asarray(t, dtype=float)
+        if self.scenario.load.kind != "phases":
+            return np.ones(tt.shape)
+        return self._phase_scale[draft][self._phase(tt)]
+
+    # -- acceptance ----------------------------------------------------------------------------
+    def alpha(self, draft: str, t: ArrayLike, jitter: bool = False) -> NDArray[np.float64]:
+        """α of ``draft`` at time(s) t: schedule × the load's difficulty (+ the window's jitter)."""
+        d = self.drafts[draft]
+        tt = np.asarray(t, dtype=float)
+        if d.alpha_schedule is None:
+            base = np.full(tt.shape, d.alpha)
+        else:
+            base = np.interp(tt, [p[0] for p in d.alpha_schedule], [p[1] for p in d.alpha_schedule])
+        a = base * self.alpha_scale(draft, tt)
+        if jitter and d.alpha_jitter_sd > 0:
+            a = a + d.alpha_jitter_sd * self._jitter[self._slot(tt)]
+        return np.clip(a, 0.0, _MAX_ALPHA)
+
+    def survival(self, cfg: SimConfig, alpha: NDArray[np.float64], k: NDArray[np.int64]) -> NDArray[np.float64]:
+        """P(accepted ≥ j), j = 0..K_max, per window (α, K): 1, c_0, c_0·c_1, ... up to its K, then 0
+        (c_i = α·(1 − decay)^i)."""
+        d = self.drafts[str(cfg.draft)]
+        decay = (1.0 - d.position_decay) ** np.arange(cfg.k)
+        cond = alpha[..., None] * decay
+        surv = np.concatenate([np.ones((*alpha.shape, 1)), np.cumprod(cond, axis=-1)], axis=-1)
+        return np.where(np.arange(cfg.k + 1) <= k[..., None], surv, 0.0)
+
+    def expected_tokens(self, cfg: SimConfig, t: ArrayLike) -> NDArray[np.float64]:
+        """E: tokens per sequence per step (1 without speculation) = Σ_j P(accepted ≥ j)."""
+        tt = np.asarray(t, dtype=float)
+        if cfg.off:
+            return np.ones(tt.shape)
+        k = cfg.k_at(self.batch(cfg, tt))
+        return self.survival(cfg, self.alpha(str(cfg.draft), tt), k).sum(axis=-1)
+
+    # -- capacity and cost ---------------------------------------------------------------------
+    def max_batch(self, cfg: SimConfig) -> int:
+        """Sequences that fit: memory (KV of every sequence plus the draft's weights, KV and K slots)."""
+        e = self.scenario.engine
+        if e.memory is None:
+            return e.max_num_seqs
+        m = e.memory
+        pool, per_token, slots = m.kv_pool_bytes, m.target_kv_bytes_per_token, m.tokens_per_seq
+        if not cfg.off:
+            d = self.drafts[str(cfg.draft)]
+            pool -= d.weights_bytes
+            per_token += d.kv_bytes_per_token
+            slots += cfg.k
+        return max(0, min(e.max_num_seqs, int(pool // (per_token * slots)) if pool > 0 else 0))
+
+    def start_problem(self, cfg: SimConfig) -> str | None:
+        """Why ``cfg`` would not start, or None."""
+        if cfg.off:
+            return None
+        for f in self.scenario.engine.failing_configs:
+            if (f.draft is None or f.draft == cfg.draft) and (f.k is None or cfg.k in f.k):
+                return f"{cfg.label}: the engine failed to start (scenario: failing config)"
+        if self.max_batch(cfg) < 1:
+            return f"{cfg.label}: out of memory at start (the draft's weights and KV do not fit)"
+        return None
+
+    def step_time_s(self, cfg: SimConfig, batch: ArrayLike) -> NDArray[np.float64]:
+        model = self.target_cost if cfg.off else self.cost[str(cfg.draft)]
+        b = np.asarray(batch, dtype=float)
+        k = cfg.k_at(b)
+        # T(B, K) = fixed + per_token·B·(K+1) + K·(draft_fixed + draft_per_seq·B), as StepCostModel
+        return (
+            model.fixed_s
+            + model.per_token_s * b * (k + 1)
+            + k * (model.draft_fixed_s + model.draft_per_seq_s * b)
+        )
+
+    def batch(self, cfg: SimConfig, t: ArrayLike) -> NDArray[np.float64]:
+        return np.minimum(self.concurrency(t), float(self.max_batch(cfg)))
+
+    def expected_goodput(self, cfg: SimConfig, t: ArrayLike) -> NDArray[np.float64]:
+        """Expected generated tokens/s of ``cfg`` at time(s) t (0 if it does not start)."""
+        tt = np.asarray(t, dtype=float)
+        if self.start_problem(cfg) is not None:
+            return np.zeros(tt.shape)
+        b = self.batch(cfg, tt)
+        return b * self.expected_tokens(cfg, tt) / self.step_time_s(cfg, np.maximum(b, 1e-9))
+
+    # -- windows -------------------------------------------------------------------------------
+    def _slot(self, t: NDArray[np.float64]) -> NDArray[np.int64]:
+        return np.minimum((t // self._slot_s).astype(np.int64), len(self._jitter) - 1)
+
+    def windows(
+        self, cfg: SimConfig, starts_s: NDArray[np.float64], ends_s: NDArray[np.float64], rng: np.random.Generator
+    ) -> list[SimWindow]:
+        """Draw consecutive collect windows under one config (the deltas the collector would store)."""
+        t = (starts_s + ends_s) / 2.0
+        duration = ends_s - starts_s
+        conc = self.concurrency(t)
+        b = self.batch(cfg, t)
+        waiting = np.maximum(conc - b, 0.0)
+        cv = self.scenario.engine.step_time_cv
+        noise = np.maximum(1.0 + cv * self._step_noise[self._slot(t)], 0.2)
+        step_s = self.step_time_s(cfg, np.maximum(b, 1e-9)) * noise
+        steps = np.where(b > 0, duration / step_s, 0.0)
+        drafts = np.rint(steps * b).astype(np.int64)
+        if cfg.off:
+            return [
+                SimWindow(float(s0), float(s1), float(n), None, float(bb), float(w))
+                for s0, s1, n, bb, w in zip(starts_s, ends_s, drafts, b, waiting, strict=True)
+            ]
+        ks = cfg.k_at(b)
+        survive = self.survival(cfg, self.alpha(str(cfg.draft), t, jitter=True), ks)
+        p = np.clip(survive - np.concatenate([survive[:, 1:], np.zeros((len(t), 1))], axis=1), 0.0, 1.0)
+        counts = rng.multinomial(drafts, p / p.sum(axis=1, keepdims=True))  # drafts accepting exactly 0..K
+        at_least = np.cumsum(counts[:, ::-1], axis=1)[:, ::-1]  # drafts accepting ≥ j, j = 0..K
+        out = []
+        for i in range(len(t)):
+            k = int(ks[i])
+            n = int(drafts[i])
+            if k == 0:  # a table row with K = 0: plain decoding steps, no drafts
+                spec = SpecCounters(0, 0, 0, (), None)
+                out.append(SimWindow(float(starts_s[i]), float(ends_s[i]), float(n), spec, float(b[i]),
+                                     float(waiting[i])))
+                continue
+            # Counters at the window's K (as per-step records report it; /metrics alone would show K_max
+            # positions and could not tell a short draft from a rejection).
+            per_pos = tuple(int(x) for x in at_least[i, 1 : k + 1])
+            accepted = sum(per_pos)
+            spec = SpecCounters(n, n * k, accepted, per_pos, k, generated_tokens=n + accepted)
+            out.append(SimWindow(float(starts_s[i]), float(ends_s[i]), float(n + accepted), spec, float(b[i]),
+                                 float(waiting[i])))
+        return out
+
+
+@dataclass(frozen=True)
+class SimWindow:
+    start_s: float
+    end_s: float
+    generation_tokens: float
+    spec: SpecCounters | None
+    batch: float
+    waiting: float
+
+
+def _draft_cost(d: DraftSection, target_step_s: float, per_token_s: float) -> StepCostModel:
+    """T(B, K) with this draft: the fitted draft costs when given, else c × the target's pass."""
+    base = StepCostModel.from_cost_ratio(d.cost_ratio, target_step_s, per_token_s)
+    if d.draft_fixed_s is None and d.draft_per_seq_s is None:
+        return base
+    return StepCostModel(
+        fixed_s=target_step_s,
+        per_token_s=per_token_s,
+        draft_fixed_s=base.draft_fixed_s if d.draft_fixed_s is None else d.draft_fixed_s,
+        draft_per_seq_s=base.draft_per_seq_s if d.draft_per_seq_s is None else d.draft_per_seq_s,
+    )

@@ -1,0 +1,552 @@
+"""Run a scenario under each policy and compare them.
+
+Every adaptive policy runs against the REAL store (SQLite in a temporary file, migrated once per
+process and copied per run) and the simulated engine through the simulated actuator:
+
+- ``spectuner``: the real :class:`~tuner.controller.reconcile.Controller` (verify, then decide, every
+  ``decide_interval_s``) with its default policy and guardrails; windows reach the store through the
+  daemon's :class:`~tuner.daemon.ConfigTaggingSink`, as the collector's do.
+- ``sglang_ma``, ``trtllm_cutoff``, ``ucb``: :class:`ThinDriver` — same store, same
+  ``gather_evidence``, same actuator, no guardrails (see ``tuner.sim.baselines``).
+- ``fixed_k3`` (the start draft at K = 3), ``no_spec`` and every fixed config: no controller at all.
+- ``best_fixed``: every config (each draft at K = 1..k_max, and off) is simulated and the one with
+  the highest total goodput is kept — the best fixed config *in hindsight*, which is the oracle of
+  ``ratio_to_oracle``. ``dynamic_oracle_goodput`` is the expected goodput of the best config at
+  every window with free switching: an upper bound no policy can reach.
+
+Windows between two decide ticks are written in one batch (the controller reads only at ticks, so
+this is what it would see from per-window writes; it makes a 24 h scenario fast).
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import tempfile
+import time
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from collectors.records import EngineKey, WindowRecord
+from policies.acceptance import evidence_from_counters
+from policies.change import ChangeDetectorConfig, ChangeDetectorState, update_change_detector
+from tuner.actuators.base import ApplyStatus, config_fingerprint
+from tuner.config import ConfigError, SpectunerConfig, parse_config
+from tuner.controller.evidence import Evidence, gather_evidence
+from tuner.controller.policy import PolicyOutcome
+from tuner.controller.reconcile import Controller, Policy, TickResult, config_record
+from tuner.daemon import ConfigTaggingSink, controller_settings, draft_candidates
+from tuner.sim.actuator import SimActuator, SimClock
+from tuner.sim.baselines import Baseline, make_baseline
+from tuner.sim.engine import OFF, SimConfig, SimEngine
+from tuner.sim.scenario import Scenario, ScenarioError
+from tuner.store import AppliedBy, Store, upgrade
+
+T0 = datetime(2026, 1, 5, tzinfo=UTC)  # a Monday, 00:00 UTC: simulated time 0
+URL = "http://sim.invalid:8000/metrics"
+KEY = EngineKey(URL, "sim-target", "0")
+
+# The real Controller, configured as `spectuner run` would be; the second with [policy.step_cost] = the engine's
+# true T(B, K) (what a perfect fit of the step-cost model would give).
+CONTROLLER = ("spectuner", "spectuner_stepcost")
+ADAPTIVE = (*CONTROLLER, "sglang_ma", "trtllm_cutoff", "ucb")
+POLICIES = (
+    "spectuner",
+    "fixed_k3",
+    "no_spec",
+    "best_fixed",
+    "sglang_ma",
+    "trtllm_cutoff",
+    "ucb",
+    "spectuner_stepcost",
+)
+
+
+class StoreFactory:
+    """Fresh migrated SQLite databases: the schema is migrated once, then the file is copied."""
+
+    def __init__(self) -> None:
+        base = "/dev/shm" if Path("/dev/shm").is_dir() else None  # RAM-backed when there is one
+        self.dir = Path(tempfile.mkdtemp(prefix="spectuner-sim-", dir=base))
+        self.template = self.dir / "template.db"
+        upgrade(f"sqlite:///{self.template}")
+        self._n = 0
+
+    def new(self) -> Store:
+        self._n += 1
+        path = self.dir / f"run-{self._n}.db"
+        shutil.copyfile(self.template, path)
+        return Store(f"sqlite:///{path}")
+
+    def close(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> StoreFactory:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@dataclass
+class PolicyRun:
+    """What one policy did over the scenario."""
+
+    policy: str
+    driver: str  # controller | thin_driver | fixed
+    config: str  # the fixed config, or the start config of an adaptive policy
+    total_tokens: float = 0.0
+    duration_s: float = 0.0
+    changes: int = 0  # config changes that took effect (rollbacks of a regression included)
+    restarts: int = 0  # engine restarts, failed starts included
+    failed_starts: int = 0
+    rollbacks: int = 0  # regressions rolled back by verify + starts that failed and fell back
+    downtime_s: float = 0.0
+    detection_s: float | None = None  # first reaction (proposal or change) after the scenario's change
+    change_detector_s: float | None = None  # spectuner's CUSUM (policies.change) on the same windows
+    timeline: list[tuple[float, str]] = field(default_factory=list)  # (sim seconds, config label)
+    phases: dict[str, float] = field(default_factory=dict)  # phase → generated tokens
+    ticks: dict[str, int] = field(default_factory=dict)  # tick action → count
+    hourly_goodput: list[float] = field(default_factory=list)
+    wall_s: float = 0.0
+    cpu_s: float = 0.0  # this process's CPU time: the speed figure that does not depend on other load
+
+    @property
+    def goodput(self) -> float:
+        return self.total_tokens / self.duration_s if self.duration_s > 0 else 0.0
+
+
+class _Driver:
+    """The policy side of the loop: receives windows, acts at decide ticks."""
+
+    def flush(self, records: Sequence[WindowRecord]) -> None: ...
+
+    def tick(self, now: datetime) -> None: ...
+
+
+class ControllerDriver(_Driver):
+    """spectuner itself: the real Controller on the real store, built from a daemon config."""
+
+    def __init__(
+        self,
+        store: Store,
+        actuator: SimActuator,
+        config: SpectunerConfig,
+        clock: SimClock,
+        run: PolicyRun,
+        change_at: datetime | None,
+    ) -> None:
+        settings = controller_settings(config)
+        self.controller = Controller(
+            store, actuator, settings, clock, candidates=lambda: draft_candidates(config, store)
+        )
+        self.inner: Policy = self.controller.policy  # the controller's own default policy, unchanged
+        self.controller.policy = self._policy
+        self.sink = ConfigTaggingSink(store)
+        self.run = run
+        self.change_at = change_at
+        self.steady: tuple[str, str | None] | None = None  # the policy's answer on the last tick before the change
+        store.upsert_engine(KEY, seen_at=clock.now)
+        self.controller.sync_configs(clock.now, AppliedBy.STARTUP)
+
+    def flush(self, records: Sequence[WindowRecord]) -> None:
+        self.sink.write_windows(records)
+
+    def tick(self, now: datetime) -> None:
+        # As the daemon's decide job: verify, then decide at the same ``now``. When verify rolled a change
+        # back, the restart moved the clock past ``now`` and the rolled-back config starts after it; the
+        # daemon's decide would then fail this tick (gather_evidence gets since > until) and carry on at
+        # the next, so the simulation skips decide on such a tick.
+        results = self.controller.verify(now)
+        if self.controller.clock() <= now:
+            results.append(self.controller.decide(now))
+        else:
+            self.run.ticks["decide_skipped_after_rollback"] = self.run.ticks.get("decide_skipped_after_rollback", 0) + 1
+        for r in results:
+            self._count(r, now)
+
+    def _policy(self, evidence: Evidence) -> PolicyOutcome:
+        """The controller's policy, unchanged; the driver only notes what it answered (detection time)."""
+        outcome = self.inner(evidence)
+        answer = (str(outcome.reason), config_fingerprint(outcome.target) if outcome.target is not None else None)
+        if self.change_at is not None:
+            if evidence.now < self.change_at:
+                self.steady = answer
+            elif self.run.detection_s is None and answer != self.steady:
+                self.run.detection_s = (evidence.now - self.change_at).total_seconds()
+        return outcome
+
+    def _count(self, r: TickResult, now: datetime) -> None:
+        self.run.ticks[r.action] = self.run.ticks.get(r.action, 0) + 1
+        if r.action == "rolled_back":
+            self.run.rollbacks += 1
+
+
+class ThinDriver(_Driver):
+    """A baseline policy on the same store, evidence and actuator, without spectuner's guardrails."""
+
+    def __init__(
+        self,
+        store: Store,
+        actuator: SimActuator,
+        engine: SimEngine,
+        baseline: Baseline,
+        clock: SimClock,
+        run: PolicyRun,
+        change_at: datetime | None,
+    ) -> None:
+        self.store, self.actuator, self.engine, self.baseline = store, actuator, engine, baseline
+        self.clock, self.run, self.change_at = clock, run, change_at
+        store.upsert_engine(KEY, seen_at=clock.now)
+        store.record_config(KEY, config_record(actuator.current or {}, clock.now, AppliedBy.STARTUP))
+        self.sink = ConfigTaggingSink(store)
+
+    def flush(self, records: Sequence[WindowRecord]) -> None:
+        self.sink.write_windows(records)
+
+    def tick(self, now: datetime) -> None:
+        current = self.store.current_config(KEY)
+        assert current is not None
+        evidence = gather_evidence(self.store, [KEY], current, now, self.baseline.evidence_window_s)
+        target = self.baseline.decide(evidence, self.actuator.config, now)
+        if target is None or target == self.actuator.config:
+            return
+        if self.change_at is not None and now >= self.change_at and self.run.detection_s is None:
+            self.run.detection_s = (now - self.change_at).total_seconds()
+        spec = self.engine.to_spec(target)
+        result = self.actuator.apply(spec)
+        done = max(self.clock(), now)
+        if result.status is ApplyStatus.APPLIED:
+            self.store.record_config(KEY, config_record(spec, done, AppliedBy.RESTART))
+        elif result.status is ApplyStatus.ROLLED_BACK and result.config is not None:
+            self.store.record_config(KEY, config_record(result.config, done, AppliedBy.ROLLBACK))
+            self.run.rollbacks += 1
+        self.baseline.applied(target, result.status is ApplyStatus.APPLIED, done)
+
+
+def _seed(scenario_seed: int, policy: str) -> np.random.Generator:
+    return np.random.default_rng([scenario_seed, 7, zlib.crc32(policy.encode())])
+
+
+def _record(w: Any, key: EngineKey) -> WindowRecord:
+    return WindowRecord(
+        key=key,
+        start=T0 + timedelta(seconds=w.start_s),
+        end=T0 + timedelta(seconds=w.end_s),
+        spec=w.spec,
+        generation_tokens=w.generation_tokens,
+        requests_running=w.batch,
+        requests_waiting=w.waiting,
+    )
+
+
+def simulate(
+    scenario: Scenario,
+    engine: SimEngine,
+    policy: str,
+    start: SimConfig,
+    *,
+    seed: int | None = None,
+    stores: StoreFactory | None = None,
+) -> PolicyRun:
+    """Run one policy (an adaptive one, or the fixed config ``start``) over the whole scenario."""
+    t_wall, t_cpu = time.perf_counter(), time.process_time()
+    seed = scenario.seed if seed is None else seed
+    rng = _seed(seed, policy)
+    s, c = scenario, scenario.controller
+    clock = SimClock(T0)
+    actuator = SimActuator(engine, clock, start)
+    driver_kind = "controller" if policy in CONTROLLER else "thin_driver" if policy in ADAPTIVE else "fixed"
+    run = PolicyRun(policy, driver_kind, start.label)
+    change_at = T0 + timedelta(seconds=s.change_at_s) if s.change_at_s is not None else None
+    store: Store | None = None
+    driver: _Driver | None = None
+    if policy in ADAPTIVE:
+        if stores is None:
+            raise ValueError("adaptive policies need a StoreFactory")
+        store = stores.new()
+        if policy in CONTROLLER:
+            config = daemon_config(scenario, engine, step_cost=policy == "spectuner_stepcost")
+            driver = ControllerDriver(store, actuator, config, clock, run, change_at)
+        else:
+            driver = ThinDriver(store, actuator, engine, make_baseline(policy, engine), clock, run, change_at)
+    detector = _detector(scenario) if policy in CONTROLLER else None
+    det_state = ChangeDetectorState()
+    hours = max(1, math.ceil(s.duration_s / 3600.0))
+    hourly = np.zeros(hours)
+    n_phases = len(s.load.phases)
+    phase_tokens = np.zeros(max(n_phases, 1))
+    t = 0.0
+    next_tick = c.decide_interval_s
+    run.timeline.append((0.0, start.label))
+    try:
+        while t < s.duration_s - 1e-9:
+            # The windows up to the next decide tick (fixed configs: the whole run) in one draw.
+            horizon = s.duration_s if driver is None else min(next_tick, s.duration_s)
+            n = max(1, math.ceil((horizon - t) / c.collect_interval_s - 1e-9))
+            starts = t + c.collect_interval_s * np.arange(n, dtype=np.float64)
+            ends = np.minimum(starts + c.collect_interval_s, horizon)
+            ws = engine.windows(actuator.config, starts, ends, rng)
+            tokens = np.array([w.generation_tokens for w in ws])
+            run.total_tokens += float(tokens.sum())
+            np.add.at(hourly, np.minimum((starts // 3600).astype(np.int64), hours - 1), tokens)
+            if n_phases:
+                np.add.at(phase_tokens, engine._phase(starts), tokens)
+            if detector is not None and run.change_detector_s is None:
+                for w in ws:
+                    det_state = _feed(detector, det_state, w, run, change_at)
+            t = horizon
+            if driver is None:
+                continue
+            driver.flush([_record(w, KEY) for w in ws])
+            clock.now = T0 + timedelta(seconds=t)
+            before = actuator.config
+            driver.tick(clock.now)
+            after_s = (clock.now - T0).total_seconds()
+            if after_s > t:  # the engine was down for a restart: nothing was generated meanwhile
+                t = min(after_s, s.duration_s)
+            if actuator.config != before:
+                run.timeline.append((round(t, 3), actuator.config.label))
+            while next_tick <= t + 1e-9:
+                next_tick += c.decide_interval_s
+    finally:
+        if store is not None:
+            store.close()
+    for i, phase in enumerate(s.load.phases):
+        name = phase.name or f"phase {i + 1}"
+        run.phases[name] = run.phases.get(name, 0.0) + float(phase_tokens[i])
+    run.duration_s = s.duration_s
+    st = actuator.stats
+    run.restarts, run.failed_starts, run.downtime_s = st.restarts, st.failed_starts, st.downtime_s
+    run.changes = max(len(run.timeline) - 1, 0)
+    run.hourly_goodput = [round(float(x) / 3600.0, 3) for x in hourly]
+    run.wall_s = time.perf_counter() - t_wall
+    run.cpu_s = time.process_time() - t_cpu
+    return run
+
+
+def daemon_config(scenario: Scenario, engine: SimEngine, *, step_cost: bool = False) -> SpectunerConfig:
+    """The spectuner.toml an operator would write for this engine, validated by the real config code:
+    the controller's settings and draft candidates are then built exactly as ``spectuner run`` builds them."""
+    c, e = scenario.controller, scenario.engine
+    start = start_config(scenario)
+    cost_ratio = c.cost_ratio
+    if cost_ratio is None:
+        cost_ratio = engine.cost[start.draft or scenario.drafts[0].name].cost_ratio(1.0)
+    speculative = {k: v for k, v in engine.to_spec(start).items() if k in ("method", "model")}
+    speculative["num_speculative_tokens"] = 0 if start.off else start.k
+    data: dict[str, Any] = {
+        "engine": {"metrics_url": URL},
+        "actuator": {"kind": "command", "command": {"argv": ["/bin/true"]}},  # replaced by the SimActuator
+        "speculative": speculative,
+        "policy": {"k_max": c.k_max, "cost_ratio": max(cost_ratio, 1e-6), "evidence_window_s": c.evidence_window_s},
+        "guardrails": {"restart_downtime_s": e.restart_downtime_s, **c.guardrails},
+        "controller": {
+            "mode": "auto",
+            "collect_interval_s": c.collect_interval_s,
+            "decide_interval_s": c.decide_interval_s,
+            "verify_window_s": c.verify_window_s,
+            "regression_tolerance": c.regression_tolerance,
+        },
+        "drafts": [
+            _candidate(engine, d.name)
+            for d in scenario.drafts
+            if c.candidates is None or d.name in c.candidates
+        ],
+    }
+    if step_cost:
+        m = engine.cost[start.draft or scenario.drafts[0].name]
+        data["policy"]["step_cost"] = {
+            "fixed_s": m.fixed_s,
+            "per_token_s": m.per_token_s,
+            "draft_fixed_s": m.draft_fixed_s,
+            "draft_per_seq_s": m.draft_per_seq_s,
+        }
+    _merge(data, c.daemon)
+    try:
+        return parse_config(data, path=f"{scenario.name} [controller]")
+    except ConfigError as exc:
+        raise ScenarioError(scenario.name, [f"controller.daemon → {p}" for p in exc.problems]) from None
+
+
+def _candidate(engine: SimEngine, name: str) -> dict[str, Any]:
+    """A ``[[drafts]]`` entry for one of the scenario's drafts (sizes as bf16 parameters)."""
+    d = engine.drafts[name]
+    entry: dict[str, Any] = {
+        "name": d.name,
+        "method": d.method,
+        "cost_ratio": min(engine.cost[name].cost_ratio(1.0), 9.99),
+        "prior_alpha": d.prior_alpha if d.prior_alpha is not None else 0.5,
+    }
+    if d.path is not None:
+        entry.update(
+            model=d.path,
+            num_params=int(d.weights_bytes // 2),
+            dtype="bfloat16",
+            kv_bytes_per_token=int(d.kv_bytes_per_token),
+        )
+    return entry
+
+
+def _merge(into: dict[str, Any], extra: dict[str, Any]) -> None:
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = value
+
+
+def _detector(scenario: Scenario) -> ChangeDetectorConfig:
+    return ChangeDetectorConfig(window_s=scenario.controller.collect_interval_s)
+
+
+def _feed(
+    config: ChangeDetectorConfig, state: ChangeDetectorState, w: Any, run: PolicyRun, change_at: datetime | None
+) -> ChangeDetectorState:
+    if w.spec is None:
+        return state
+    ev = evidence_from_counters(w.spec)
+    if ev.evidence is None:
+        return state
+    now = T0 + timedelta(seconds=w.end_s)
+    decision, state = update_change_detector(state, ev.evidence, now, config)
+    if decision.changed and change_at is not None and now >= change_at:
+        run.change_detector_s = (now - change_at).total_seconds()
+    return state
+
+
+def start_config(scenario: Scenario) -> SimConfig:
+    st = scenario.start
+    return OFF if st.draft is None or st.k == 0 else SimConfig(st.draft, st.k)
+
+
+def _grid(scenario: Scenario) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """Midpoints and lengths of the collect windows of an undisturbed run."""
+    dt = scenario.controller.collect_interval_s
+    starts = dt * np.arange(math.ceil(scenario.duration_s / dt - 1e-9))
+    ends = np.minimum(starts + dt, scenario.duration_s)
+    return (starts + ends) / 2.0, ends - starts
+
+
+def expected_total_tokens(engine: SimEngine, cfg: SimConfig) -> float:
+    """Closed form: Σ over the collect grid of expected goodput × window length (no noise)."""
+    mid, length = _grid(engine.scenario)
+    return float((engine.expected_goodput(cfg, mid) * length).sum())
+
+
+def dynamic_oracle_tokens(engine: SimEngine, configs: Sequence[SimConfig]) -> float:
+    """Expected tokens of the best config in every window, switching for free (an upper bound)."""
+    mid, length = _grid(engine.scenario)
+    best = np.max(np.stack([engine.expected_goodput(cfg, mid) for cfg in configs]), axis=0)
+    return float((best * length).sum())
+
+
+Progress = Callable[[str], None]
+
+
+def run_scenario(
+    scenario: Scenario,
+    policies: Sequence[str] = POLICIES,
+    *,
+    seed: int | None = None,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """Every requested policy over the scenario, as the JSON ``spectuner simulate`` prints."""
+    unknown = [p for p in policies if p not in POLICIES]
+    if unknown:
+        raise ValueError(f"unknown policy {unknown}; choose from {list(POLICIES)}")
+    t_wall = time.perf_counter()
+    engine = SimEngine(scenario)
+    seed = scenario.seed if seed is None else seed
+    say = progress or (lambda msg: None)
+    start = start_config(scenario)
+    configs = [cfg for cfg in engine.all_configs() if engine.start_problem(cfg) is None]
+    runs: dict[str, PolicyRun] = {}
+    # The oracle is always computed: ratio_to_oracle needs it.
+    fixed_runs: dict[SimConfig, PolicyRun] = {}
+    for cfg in configs:
+        fixed_runs[cfg] = simulate(scenario, engine, f"fixed:{cfg.label}", cfg, seed=seed)
+    best_cfg = max(configs, key=lambda cfg: (fixed_runs[cfg].total_tokens, -cfg.k))
+    runs["best_fixed"] = fixed_runs[best_cfg]
+    runs["best_fixed"].policy = "best_fixed"
+    say(f"best fixed in hindsight: {best_cfg.label}")
+    k3 = SimConfig(start.draft, 3) if start.draft else SimConfig(scenario.drafts[0].name, 3)
+    with StoreFactory() as stores:
+        for name in policies:
+            if name == "best_fixed":
+                continue
+            if name == "fixed_k3":
+                run = fixed_runs.get(k3) or simulate(scenario, engine, "fixed_k3", k3, seed=seed)
+                run.policy = "fixed_k3"
+            elif name == "no_spec":
+                run = fixed_runs[OFF]
+                run.policy = "no_spec"
+            else:
+                run = simulate(scenario, engine, name, start, seed=seed, stores=stores)
+            runs[name] = run
+            say(f"{name}: {run.goodput:.1f} tokens/s, {run.changes} changes ({run.wall_s:.1f} s)")
+    oracle = runs["best_fixed"].goodput
+    dynamic = dynamic_oracle_tokens(engine, configs) / scenario.duration_s
+    out_policies = {name: _policy_json(runs[name], oracle, dynamic, scenario) for name in policies}
+    return {
+        "scenario": scenario.name,
+        "description": scenario.description,
+        "seed": seed,
+        "duration_s": scenario.duration_s,
+        "oracle": {
+            "kind": "best fixed config in hindsight (every draft × K = 1..k_max, and off; simulated)",
+            "config": best_cfg.label,
+            "goodput": round(oracle, 3),
+            "dynamic_oracle_goodput": round(dynamic, 3),
+            "dynamic_oracle_kind": "expected goodput of the best config in every window, switching for free",
+        },
+        "fixed_configs": {cfg.label: round(fixed_runs[cfg].goodput, 3) for cfg in configs},
+        "requests_per_s": round(runs["best_fixed"].goodput / scenario.load.output_tokens, 3),
+        "change_at_s": scenario.change_at_s,
+        "policies": out_policies,
+        "wall_s": round(time.perf_counter() - t_wall, 3),
+    }
+
+
+def _policy_json(run: PolicyRun, oracle: float, dynamic: float, scenario: Scenario) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "goodput": round(run.goodput, 3),
+        "ratio_to_oracle": round(run.goodput / oracle, 4) if oracle > 0 else None,
+        "ratio_to_dynamic_oracle": round(run.goodput / dynamic, 4) if dynamic > 0 else None,
+        "changes": run.changes,
+        "restarts": run.restarts,
+        "failed_starts": run.failed_starts,
+        "rollbacks": run.rollbacks,
+        "downtime_s": round(run.downtime_s, 3),
+        "driver": run.driver,
+        "config": run.config,
+        "final_config": run.timeline[-1][1] if run.timeline else run.config,
+        "timeline": [[t, label] for t, label in run.timeline[:50]],
+        "wall_s": round(run.wall_s, 3),
+        "cpu_s": round(run.cpu_s, 3),
+    }
+    if scenario.change_at_s is not None:
+        out["detection_s"] = run.detection_s
+        if run.policy in CONTROLLER:
+            out["change_detector_s"] = run.change_detector_s
+    if run.phases:
+        out["phases"] = _phase_goodput(run, scenario)
+    if run.ticks:
+        out["ticks"] = dict(sorted(run.ticks.items()))
+    out["hourly_goodput"] = run.hourly_goodput
+    return out
+
+
+def _phase_goodput(run: PolicyRun, scenario: Scenario) -> dict[str, float]:
+    durations: dict[str, float] = {}
+    for i, p in enumerate(scenario.load.phases):
+        name = p.name or f"phase {i + 1}"
+        durations[name] = durations.get(name, 0.0) + p.duration_s  # a name may repeat
+    return {name: round(run.phases.get(name, 0.0) / d, 3) for name, d in durations.items()}

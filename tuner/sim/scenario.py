@@ -1,0 +1,277 @@
+"""A simulator scenario: the TOML file format under ``bench/scenarios/`` (documented in its README).
+
+pydantic 2 models, unknown keys refused; every problem is reported at once as
+``key: what is wrong — what to do`` (the same convention as the daemon's config). Units are in the
+key names: ``_s`` seconds, ``_bytes`` bytes.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from tuner.controller.guardrails import GuardrailSettings
+
+
+class ScenarioError(ValueError):
+    """The scenario file cannot be used. ``problems`` holds one ``key: message`` line per problem."""
+
+    def __init__(self, path: str, problems: list[str]) -> None:
+        self.path = path
+        self.problems = problems
+        lines = "\n".join(f"  - {p}" for p in problems)
+        super().__init__(f"scenario {path} has {len(problems)} problem(s):\n{lines}")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class MemorySection(_Section):
+    """Accelerator memory left after the target's weights: KV cache for every sequence plus the draft."""
+
+    kv_pool_bytes: float = Field(gt=0, description="bytes for KV cache and draft weights")
+    target_kv_bytes_per_token: float = Field(gt=0)
+    tokens_per_seq: int = Field(gt=0, description="context each running sequence holds (mean)")
+
+
+class FailingConfig(_Section):
+    """Configs that do not start (a broken draft path, a build that rejects the K...)."""
+
+    draft: str | None = Field(default=None, description="draft name; None: any draft")
+    k: list[int] | None = Field(default=None, description="these K only; None: any K")
+
+
+class EngineSection(_Section):
+    """The target's step cost T(B, K) = target_step_s + per_token_s·B·(K+1) + K·(draft pass at B)."""
+
+    target_step_s: float = Field(gt=0, description="fixed part of one target forward pass")
+    per_token_s: float = Field(default=0.0, ge=0, description="target cost per scored token")
+    restart_downtime_s: float = Field(default=60.0, ge=0, description="serving gap of a config change")
+    start_failure_s: float = Field(
+        default=0.0, ge=0, description="extra serving gap when a config fails and the old one is restarted"
+    )
+    max_num_seqs: int = Field(default=256, ge=1, description="vLLM --max-num-seqs")
+    step_time_cv: float = Field(default=0.02, ge=0, lt=1, description="per-window noise on the step time")
+    memory: MemorySection | None = None
+    failing_configs: list[FailingConfig] = Field(default_factory=list)
+
+
+class DraftSection(_Section):
+    """A draft the engine can speculate with. α is the per-token acceptance; position i's conditional
+    acceptance is α·(1 − position_decay)^i."""
+
+    name: str = Field(min_length=1)
+    method: Literal["draft_model", "eagle", "eagle3", "ngram", "suffix"] = "draft_model"
+    cost_ratio: float = Field(default=0.0, ge=0, description="draft pass / target pass at every batch size")
+    draft_fixed_s: float | None = Field(default=None, ge=0, description="fitted draft pass cost (overrides c)")
+    draft_per_seq_s: float | None = Field(default=None, ge=0, description="fitted draft cost per sequence")
+    weights_bytes: float = Field(default=0.0, ge=0)
+    kv_bytes_per_token: float = Field(default=0.0, ge=0)
+    alpha: float = Field(ge=0, le=1)
+    prior_alpha: float | None = Field(
+        default=None, gt=0, lt=1, description="the α an operator expects before measuring (swap ranking); default 0.5"
+    )
+    position_decay: float = Field(default=0.0, ge=0, lt=1)
+    alpha_jitter_sd: float = Field(default=0.0, ge=0, lt=0.5, description="per-window noise on α (prompt mix)")
+    alpha_schedule: list[tuple[float, float]] | None = Field(
+        default=None, description="[[time_s, alpha], ...]: α over time, linear between points (overrides alpha)"
+    )
+
+    @field_validator("alpha_schedule")
+    @classmethod
+    def _schedule(cls, value: list[tuple[float, float]] | None) -> list[tuple[float, float]] | None:
+        if value is None:
+            return value
+        if not value:
+            raise ValueError("alpha_schedule is empty; give [[time_s, alpha], ...] or leave it out")
+        times = [t for t, _ in value]
+        if times != sorted(times):
+            raise ValueError(f"alpha_schedule times must increase but got {times}")
+        bad = [a for _, a in value if not 0.0 <= a <= 1.0]
+        if bad:
+            raise ValueError(f"alpha_schedule values must lie in [0, 1] but got {bad}")
+        return value
+
+    @property
+    def path(self) -> str | None:
+        return None if self.method in ("ngram", "suffix") else f"/sim/drafts/{self.name}"
+
+
+class PhaseSection(_Section):
+    name: str = ""
+    duration_s: float = Field(gt=0)
+    concurrency: float = Field(ge=0)
+    alpha_scale: float | dict[str, float] = Field(
+        default=1.0, description="workload difficulty: multiplies α (one number, or per draft name; default 1)"
+    )
+
+    @field_validator("alpha_scale")
+    @classmethod
+    def _scale(cls, value: float | dict[str, float]) -> float | dict[str, float]:
+        values = value.values() if isinstance(value, dict) else [value]
+        bad = [v for v in values if not 0.0 <= v <= 2.0]
+        if bad:
+            raise ValueError(f"alpha_scale must lie in [0, 2] but got {bad}")
+        return value
+
+    def scale_for(self, draft: str) -> float:
+        return self.alpha_scale.get(draft, 1.0) if isinstance(self.alpha_scale, dict) else self.alpha_scale
+
+
+class LoadSection(_Section):
+    """Closed-loop load: ``concurrency`` requests are in the engine at any time (the batch), each
+    asking for ``output_tokens`` tokens. Goodput is generated tokens per second."""
+
+    kind: Literal["constant", "diurnal", "bursty", "phases"] = "constant"
+    concurrency: float = Field(default=1.0, ge=0, description="constant; bursty: between bursts")
+    output_tokens: float = Field(default=128.0, gt=0, description="mean output tokens per request")
+    trough_concurrency: float = Field(default=1.0, ge=0, description="diurnal minimum")
+    peak_concurrency: float = Field(default=32.0, ge=0, description="diurnal maximum")
+    peak_at_s: float = Field(default=50400.0, ge=0, description="diurnal: time of day of the peak")
+    period_s: float = Field(default=86400.0, gt=0)
+    burst_concurrency: float = Field(default=64.0, ge=0)
+    burst_every_s: float = Field(default=3600.0, gt=0, description="mean time between burst starts")
+    burst_duration_s: float = Field(default=300.0, gt=0)
+    phases: list[PhaseSection] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _phases(self) -> LoadSection:
+        if self.kind == "phases" and not self.phases:
+            raise ValueError("kind is 'phases' but no [[load.phases]] are given; add them")
+        return self
+
+
+class ControllerSection(_Section):
+    collect_interval_s: float = Field(default=10.0, gt=0)
+    decide_interval_s: float = Field(default=60.0, gt=0)
+    evidence_window_s: float = Field(default=300.0, gt=0)
+    verify_window_s: float = Field(default=300.0, gt=0)
+    regression_tolerance: float = Field(default=0.05, ge=0, lt=1)
+    k_max: int = Field(default=8, ge=1, le=16)
+    cost_ratio: float | None = Field(
+        default=None, gt=0, description="policy.cost_ratio the operator configures; default: the start draft's"
+    )
+    guardrails: dict[str, Any] = Field(default_factory=dict, description="GuardrailSettings overrides")
+    candidates: list[str] | None = Field(
+        default=None, description="drafts offered to the swap policy as [[drafts]]; None: every draft; []: none"
+    )
+    daemon: dict[str, Any] = Field(
+        default_factory=dict,
+        description="more spectuner.toml tables for the controller, as in a real config (swap, policy, memory...)",
+    )
+
+    @field_validator("guardrails")
+    @classmethod
+    def _known_rails(cls, value: dict[str, Any]) -> dict[str, Any]:
+        known = set(GuardrailSettings.__dataclass_fields__) - {"maintenance_windows"}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ValueError(f"unknown guardrail key(s) {unknown}; known: {sorted(known)}")
+        return value
+
+
+class StartSection(_Section):
+    draft: str | None = Field(default=None, description="None: speculation off")
+    k: int = Field(default=3, ge=0)
+
+
+class BaselineSection(_Section):
+    """Knobs of the comparison policies (defaults follow the systems they imitate)."""
+
+    ma_smoothing: float = Field(default=0.3, gt=0, le=1, description="sglang_ma: EMA weight of a new window")
+    ma_up: float = Field(default=0.8, gt=0, le=1, description="sglang_ma: K+1 when accepted/K above this")
+    ma_down: float = Field(default=0.4, ge=0, lt=1, description="sglang_ma: K−1 when accepted/K below this")
+    cutoff_window_s: float = Field(default=300.0, gt=0, description="trtllm_cutoff: averaging window")
+    cutoff_accept_length: float = Field(default=1.5, ge=1, description="trtllm_cutoff: off below this length")
+    ucb_epoch_s: float = Field(default=900.0, gt=0, description="ucb: time each pull keeps a config")
+    ucb_exploration: float = Field(default=0.5, ge=0, description="ucb: exploration weight")
+    ucb_k: list[int] = Field(default_factory=lambda: [1, 2, 3, 4, 6, 8], description="ucb: K per draft arm")
+
+
+class Scenario(_Section):
+    name: str
+    description: str = ""
+    calibration: str = ""
+    duration_s: float = Field(gt=0)
+    seed: int = 0
+    change_at_s: float | None = Field(default=None, description="when the scenario changes (detection time)")
+    engine: EngineSection
+    drafts: list[DraftSection] = Field(min_length=1)
+    start: StartSection = Field(default_factory=StartSection)
+    load: LoadSection = Field(default_factory=LoadSection)
+    controller: ControllerSection = Field(default_factory=ControllerSection)
+    baselines: BaselineSection = Field(default_factory=BaselineSection)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Scenario:
+        names = [d.name for d in self.drafts]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"draft names must be unique but {dupes} repeat")
+        if self.start.draft is not None and self.start.draft not in names:
+            raise ValueError(f"start.draft {self.start.draft!r} is not one of the drafts {names}")
+        if self.start.k > self.controller.k_max:
+            raise ValueError(f"start.k ({self.start.k}) is above controller.k_max ({self.controller.k_max})")
+        for f in self.engine.failing_configs:
+            if f.draft is not None and f.draft not in names:
+                raise ValueError(f"engine.failing_configs names draft {f.draft!r}, not one of {names}")
+        unknown_candidates = sorted(set(self.controller.candidates or ()) - set(names))
+        if unknown_candidates:
+            raise ValueError(f"controller.candidates names unknown draft(s) {unknown_candidates}; drafts: {names}")
+        for i, phase in enumerate(self.load.phases):
+            if isinstance(phase.alpha_scale, dict):
+                unknown = sorted(set(phase.alpha_scale) - set(names))
+                if unknown:
+                    raise ValueError(f"load.phases[{i}].alpha_scale names unknown draft(s) {unknown}; drafts: {names}")
+        if self.controller.collect_interval_s > self.controller.decide_interval_s:
+            raise ValueError("controller.collect_interval_s must not exceed decide_interval_s")
+        return self
+
+    def draft(self, name: str) -> DraftSection:
+        for d in self.drafts:
+            if d.name == name:
+                return d
+        raise KeyError(name)
+
+    def guardrails(self) -> GuardrailSettings:
+        values = {"restart_downtime_s": self.engine.restart_downtime_s, **self.controller.guardrails}
+        return GuardrailSettings(**values)
+
+
+def _problem(err: Any) -> str:
+    key = ".".join(str(p) for p in err["loc"]) or "(top level)"
+    msg = str(err["msg"]).removeprefix("Value error, ")
+    if err["type"] == "missing":
+        return f"{key}: is required — add it"
+    if err["type"] == "extra_forbidden":
+        return f"{key}: is not a known key — remove it or check the spelling (see bench/scenarios/README.md)"
+    if "input" in err and err["type"] not in ("value_error", "assertion_error"):
+        msg = f"{msg} (got {err['input']!r})"
+    return f"{key}: {msg}"
+
+
+def parse_scenario(data: dict[str, Any], path: str = "<scenario>") -> Scenario:
+    try:
+        return Scenario.model_validate(data)
+    except ValidationError as exc:
+        raise ScenarioError(path, [_problem(e) for e in exc.errors()]) from None
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read and validate a scenario file. Raises :class:`ScenarioError` naming every problem."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise ScenarioError(str(p), ["file not found; see bench/scenarios/ for examples"]) from None
+    except OSError as exc:
+        raise ScenarioError(str(p), [f"cannot read the file: {exc}"]) from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ScenarioError(str(p), [f"not valid TOML: {exc}; fix the syntax at that line"]) from None
+    return parse_scenario(data, str(p))
