@@ -64,7 +64,10 @@ class PolicyOutcome:
     details: dict[str, Any] | None = None
 
 
-def propose_k(evidence: Evidence, settings: PolicySettings) -> PolicyOutcome:
+def _measured(
+    evidence: Evidence, settings: PolicySettings
+) -> PolicyOutcome | tuple[dict[str, Any], int, AlphaEstimate, ConstantAlphaModel]:
+    """The running config, its K, α̂ and the acceptance model — or why K cannot be tuned now."""
     current = spec_config_of(evidence.config)
     k_now = current.get("num_speculative_tokens")
     if current.get("method") in (None, "off") or not isinstance(k_now, int) or k_now < 1:
@@ -73,8 +76,17 @@ def propose_k(evidence: Evidence, settings: PolicySettings) -> PolicyOutcome:
         return PolicyOutcome(PolicyReason.NO_DRAFTS, "No drafts under the current config yet (no traffic?).")
     estimate = _estimate(evidence, settings)
     model = _alpha_model(estimate)
-    if model is None or estimate.alpha_ci is None:
+    if model is None:
         return PolicyOutcome(PolicyReason.NO_ESTIMATE, estimate.message)
+    return current, k_now, estimate, model
+
+
+def propose_k(evidence: Evidence, settings: PolicySettings) -> PolicyOutcome:
+    measured = _measured(evidence, settings)
+    if isinstance(measured, PolicyOutcome):
+        return measured
+    current, k_now, estimate, model = measured
+    assert estimate.alpha_ci is not None  # _measured returns a model only with an interval
     lo, hi = estimate.alpha_ci
     batch = max(1, round(evidence.mean_batch_size or 1.0))
     k_max = max(settings.k_max, k_now)
@@ -384,16 +396,10 @@ def _k_at(rows: list[list[int]], batch: int) -> int:
 def propose_k_table(evidence: Evidence, settings: PolicySettings) -> PolicyOutcome:
     """The best K for every batch size 1..max_batch_size; the gain is judged on the load profile seen
     in the evidence window (each window's requests running, weighted by its duration)."""
-    current = spec_config_of(evidence.config)
-    k_now = current.get("num_speculative_tokens")
-    if current.get("method") in (None, "off") or not isinstance(k_now, int) or k_now < 1:
-        return PolicyOutcome(PolicyReason.NO_SPECULATION, "Speculation is off: there is no acceptance to measure.")
-    if evidence.spec.drafts == 0:
-        return PolicyOutcome(PolicyReason.NO_DRAFTS, "No drafts under the current config yet (no traffic?).")
-    estimate = _estimate(evidence, settings)
-    model = _alpha_model(estimate)
-    if model is None:
-        return PolicyOutcome(PolicyReason.NO_ESTIMATE, estimate.message)
+    measured = _measured(evidence, settings)
+    if isinstance(measured, PolicyOutcome):
+        return measured
+    current, k_now, estimate, model = measured
     running, _ = current_candidate(current, evidence.candidates, settings.cost_ratio)
     footprint = _footprint(running, settings)
     k_engine = max(k_now, settings.k_max)
