@@ -16,6 +16,12 @@ count), p50/p99 request latency, errors; for spectuner also the changes, restart
 over the whole run, ≥ 1.15 × fixed K = 3, never worse than no speculation by > 3% in any phase.
 
     .venv/bin/python bench/bench_live.py [--phase-s 45] [--configs none,medium:3,medium:5,ngram:3]
+    .venv/bin/python bench/bench_live.py --actuator live --configs '' --fixed-from bench/results/live.json --out live_k
+
+``--actuator live`` runs spectuner with the live actuator: the engine starts at K_max with a table that
+drafts 3 tokens at every batch size (the steps of K = 3), the plugin ships steps and takes K tables
+through its control channel, and only a change of draft restarts the engine. ``--fixed-from`` reuses
+the fixed runs of an earlier result (same workload) instead of running them again.
 
 Needs ~15–25 min of engine time (one engine at a time; each start 30–180 s on a loaded 2-core
 machine). Writes ``bench/results/live.json``, ``live.md`` and ``live.png``.
@@ -183,7 +189,8 @@ def run_spectuner(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         else:
             candidates.append({"name": name, "model": info.path, "cost_ratio": args.cost_ratio,
                                "prior_alpha": min(max(info.greedy_agreement or 0.5, 0.01), 0.99)})
-    policy: dict[str, Any] = {"k_max": args.k_max, "cost_ratio": args.cost_ratio, "evidence_window_s": 30.0}
+    policy: dict[str, Any] = {"k_max": args.k_max, "cost_ratio": args.cost_ratio, "evidence_window_s": 30.0,
+                              "load_horizon_s": 60.0}  # the phases are 45 s: judge K on the last minute's load
     if not args.no_step_cost:  # the lab's T(B, K) fitted from LAB.md's throughput table (docs/simulator.md)
         policy["step_cost"] = {"fixed_s": 0.00208, "per_token_s": 0.0000953, "draft_fixed_s": 0.001566,
                                "draft_per_seq_s": 0.000217}
@@ -191,13 +198,27 @@ def run_spectuner(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         policy.update(per_batch_size=True, max_batch_size=16)
     db_url = f"sqlite:///{run_dir / 'spectuner.db'}"
     upgrade(db_url)
+    restart = {"argv": argv, "startup_timeout_s": 400.0, "shutdown_timeout_s": 5.0,
+               "log_path": str(run_dir / "engine.log"), "env": base.env()}
+    speculative: dict[str, Any] = {"method": "draft_model", "model": start_spec["model"], "num_speculative_tokens": 3}
+    extra: dict[str, Any] = {}
+    live = args.actuator == "live"
+    if live:
+        # The engine starts at K_max with a table that drafts 3 tokens at every batch size (the same steps as
+        # K = 3), so that every later table is set live through the plugin; another draft still restarts.
+        speculative = {**speculative, "num_speculative_tokens": args.k_max,
+                       "extra": {"num_speculative_tokens_per_batch_size": [[1, 16, 3]]}}
+        extra = {
+            "actuator": {"kind": "live", "live": {"fallback": "restart", "k_max": args.k_max}, "restart": restart},
+            "plugin": {"ingest_listen": f"127.0.0.1:{_free_port()}", "control_address": f"unix:{run_dir / 'ctl.sock'}",
+                       "token_file": str(run_dir / "plugin.token")},
+        }
     config = parse_config(
         {
             "engine": {"metrics_url": base.base_url},
-            "actuator": {"kind": "restart", "restart": {"argv": argv, "startup_timeout_s": 400.0,
-                                                        "shutdown_timeout_s": 5.0,
-                                                        "log_path": str(run_dir / "engine.log")}},
-            "speculative": {"method": "draft_model", "model": start_spec["model"], "num_speculative_tokens": 3},
+            "actuator": {"kind": "restart", "restart": restart},
+            **extra,
+            "speculative": speculative,
             "policy": policy,
             "swap": {"duration_s": 30.0, "min_drafts": 500, "segments": 2},  # phases are short: confirm over 30 s
             "drafts": candidates,
@@ -210,14 +231,17 @@ def run_spectuner(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         path="bench_live",
         base_dir=run_dir,
     )
-    actuator = RestartActuator(argv, f"{base.base_url}/health", run_dir / "engine.log", startup_timeout_s=400.0,
-                               shutdown_timeout_s=5.0, env=base.env())
     ticks: list[dict[str, Any]] = []
     with Store(db_url) as store:
-        daemon = Daemon(config, store, actuator=actuator,
+        # restart: the actuator built here; live: the daemon builds it from the config (plugin, fallback)
+        daemon = Daemon(config, store, **({} if live else {"actuator": RestartActuator(
+                            argv, f"{base.base_url}/health", run_dir / "engine.log", startup_timeout_s=400.0,
+                            shutdown_timeout_s=5.0, env=base.env())}),
                         on_tick=lambda r: ticks.append({"at": time.time(), "action": r.action, "reason": r.reason,
                                                         "message": r.message}))
-        print("== spectuner (auto): starting the daemon and its engine (medium K=3)", flush=True)
+        actuator = daemon.actuator
+        print(f"== spectuner (auto, {args.actuator} actuator): starting the daemon and its engine (medium K=3)",
+              flush=True)
         thread = threading.Thread(target=daemon.run, kwargs={"install_signals": False}, daemon=True)
         t_start = time.time()
         thread.start()
@@ -247,7 +271,8 @@ def run_spectuner(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         for c in configs
         if c.config.applied_by != AppliedBy.STARTUP
     ]
-    applied = [c for c in changes if c["applied_by"] in ("restart", "rollback")]
+    applied = [c for c in changes if c["applied_by"] in ("restart", "rollback", "live")]
+    restarts = [c for c in changes if c["applied_by"] in ("restart", "rollback")]
     phase_json = {p.name: p.to_json() for p in phases}
     for p in phases:  # time to adapt: phase start → the first change decided in the phase
         first = next(
@@ -257,15 +282,23 @@ def run_spectuner(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         )
         phase_json[p.name]["time_to_adapt_s"] = round(first - p.start_s, 1) if first is not None else None
     return {
-        "config": "spectuner auto (start medium/K=3)",
+        "config": f"spectuner auto (start medium/K=3, {args.actuator} actuator)",
         "startup_s": round(startup_s, 1),
         "phases": phase_json,
-        "changes": sum(1 for c in applied if c["applied_by"] == "restart"),
-        "restarts": len(applied),  # every config row written by a restart or a rollback is an engine start
+        "changes": sum(1 for c in applied if c["applied_by"] in ("restart", "live")),
+        "restarts": len(restarts),  # every config row written by a restart or a rollback is an engine start
         "config_timeline": changes,
         "decisions": [{"status": d.status, "reason": d.decision.reason, "message": d.decision.message[:300]}
                       for d in decisions],
     }
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def _spec_label(spec: dict[str, Any]) -> str:
@@ -400,9 +433,18 @@ def main() -> int:
     parser.add_argument("--no-step-cost", action="store_true", help="Leviathan's c, not the lab's T(B,K)")
     parser.add_argument("--no-table", action="store_true", help="one K instead of the per-batch-size table")
     parser.add_argument("--models-dir", type=Path, default=DEFAULT_MODELS_DIR)
+    parser.add_argument("--actuator", choices=("restart", "live"), default="restart",
+                        help="how spectuner applies changes: restart the engine, or set K tables live (plugin)")
+    parser.add_argument("--fixed-from", type=Path, default=None,
+                        help="reuse the fixed runs of an earlier result JSON (same machine, same workload)")
     args = parser.parse_args()
     load_before = [round(x, 2) for x in os.getloadavg()]
     runs: dict[str, dict[str, Any]] = {}
+    if args.fixed_from is not None:
+        earlier = json.loads(args.fixed_from.read_text())
+        if earlier.get("phase_s") != args.phase_s or earlier.get("max_tokens") != args.max_tokens:
+            parser.error(f"{args.fixed_from} ran another workload (phase_s, max_tokens); run the fixed configs again")
+        runs.update({k: v for k, v in earlier["runs"].items() if not k.startswith("spectuner")})
     with tempfile.TemporaryDirectory(prefix="bench-live-", dir=REPO / ".lab") as tmp:
         workdir = Path(tmp)
         for draft, k in _parse_configs(args.configs):

@@ -209,6 +209,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--changes", type=int, default=10)
+    ap.add_argument("--pairs", type=int, default=3, help="baseline/plugin engine pairs, started alternately")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-plugin-"))
     load_before = os.getloadavg()
@@ -216,52 +217,81 @@ def main() -> None:
 
     print("CPU per step of the plugin (in-process) ...", flush=True)
     cpu = cpu_per_step_us()
-
-    print("engine 1: baseline (VLLM_PLUGINS='': no plugin loaded) ...", flush=True)
+    ingest_stats: Any = None
     table = [[1, 16, K_MAX]]
-    base = LabServer(draft="good", k=K_MAX, per_batch_size=table, workdir=work / "base", extra_env={"VLLM_PLUGINS": ""},
-                     startup_timeout_s=900)
-    base_start_s = base.start()
-    try:
-        baseline = measure(base, args.reps, {"baseline": None})["baseline"]
-    finally:
-        base.stop()
-
-    print("engine 2: plugin on (ingest + live-K control channel) ...", flush=True)
     url = f"sqlite:///{work / 'steps.db'}"
     upgrade(url)
     store = Store(url)
     token = secrets.token_urlsafe(16)
     feed = StepFeed()
     control_addr = f"unix:{work / 'ctl.sock'}"
-    plug = LabServer(draft="good", k=K_MAX, per_batch_size=table, workdir=work / "plugin", startup_timeout_s=900)
     holder: dict[str, StepIngestServer] = {}
-    holder["ingest"] = StepIngestServer(store, plug.metrics_url, token=token, feed=feed).start()
-    port = holder["ingest"].port
-    plug.extra_env.update(
-        {env.INGEST_URL: holder["ingest"].url, env.CONTROL_ADDR: control_addr, env.TOKEN: token}
-    )
+    port: int | None = None
+    baseline: dict[str, list[float]] = {w: [] for w in WORKLOADS}
+    plugin: dict[str, dict[str, list[float]]] = {p: {w: [] for w in WORKLOADS} for p in ("up", "down")}
+    pairs: list[dict[str, Any]] = []
+    base_starts: list[float] = []
+    plug_starts: list[float] = []
+    changes: list[dict[str, Any]] = []
+    step_s: float | None = None
+    # Engine starts alternate (baseline, plugin, baseline, plugin, ...): one start's throughput scatters
+    # by several percent on this machine, so the overhead is the median over pairs of the ratio within a pair.
+    for pair in range(args.pairs):
+        print(f"pair {pair + 1}/{args.pairs}, engine A: baseline (VLLM_PLUGINS='': no plugin loaded) ...", flush=True)
+        base = LabServer(draft="good", k=K_MAX, per_batch_size=table, workdir=work / f"base{pair}",
+                         extra_env={"VLLM_PLUGINS": ""}, startup_timeout_s=900)
+        base_starts.append(base.start())
+        try:
+            b_run = measure(base, args.reps, {"baseline": None})["baseline"]
+        finally:
+            base.stop()
+        print(f"pair {pair + 1}/{args.pairs}, engine B: plugin on (ingest + live-K control channel) ...", flush=True)
+        plug = LabServer(draft="good", k=K_MAX, per_batch_size=table, workdir=work / f"plugin{pair}",
+                         startup_timeout_s=900)
+        holder["ingest"] = StepIngestServer(store, plug.metrics_url, port=port or 0, token=token, feed=feed).start()
+        port = holder["ingest"].port
+        plug.extra_env.update(
+            {env.INGEST_URL: holder["ingest"].url, env.CONTROL_ADDR: control_addr, env.TOKEN: token}
+        )
 
-    def sidecar_up() -> None:
-        if "ingest" not in holder:
-            holder["ingest"] = StepIngestServer(store, plug.metrics_url, port=port, token=token, feed=feed).start()
+        def sidecar_up(plug: LabServer = plug, port: int = port) -> None:
+            if "ingest" not in holder:
+                holder["ingest"] = StepIngestServer(store, plug.metrics_url, port=port, token=token,
+                                                    feed=feed).start()
 
-    def sidecar_down() -> None:
-        if "ingest" in holder:
-            holder.pop("ingest").stop()
+        def sidecar_down() -> None:
+            if "ingest" in holder:
+                holder.pop("ingest").stop()
 
-    plug_start_s = plug.start()
-    try:
-        plugin = measure(plug, args.reps, {"up": sidecar_up, "down": sidecar_down})
-        sidecar_up()
-        step_s = median_step_time_s(store, plug)
-        print("live K changes under load ...", flush=True)
-        changes = live_changes(plug, control_addr, token, feed, args.changes)
-        ingest_stats = holder["ingest"].stats_json()
-    finally:
-        plug.stop()
-        sidecar_down()
-        store.close()
+        plug_starts.append(plug.start())
+        try:
+            p_run = measure(plug, args.reps, {"up": sidecar_up, "down": sidecar_down})
+            sidecar_up()
+            if pair == args.pairs - 1:
+                step_s = median_step_time_s(store, plug)
+                print("live K changes under load ...", flush=True)
+                changes = live_changes(plug, control_addr, token, feed, args.changes)
+                ingest_stats = holder["ingest"].stats_json()
+        finally:
+            plug.stop()
+            sidecar_down()
+        for w in WORKLOADS:
+            baseline[w].extend(b_run[w])
+            for ph in ("up", "down"):
+                plugin[ph][w].extend(p_run[ph][w])
+        pairs.append({
+            "baseline": b_run,
+            "up": p_run["up"],
+            "down": p_run["down"],
+            "up_vs_baseline": {w: statistics.median(p_run["up"][w]) / statistics.median(b_run[w]) for w in WORKLOADS},
+            "down_vs_baseline": {
+                w: statistics.median(p_run["down"][w]) / statistics.median(b_run[w]) for w in WORKLOADS
+            },
+        })
+        print("  up/baseline this pair: " + ", ".join(f"{w} {r:.3f}" for w, r in pairs[-1]["up_vs_baseline"].items()),
+              flush=True)
+    store.close()
+    base_start_s, plug_start_s = statistics.median(base_starts), statistics.median(plug_starts)
 
     med = {w: statistics.median(v) for w, v in baseline.items()}
     firsts = [c["decision_to_first_step_s"] for c in changes if c["decision_to_first_step_s"] is not None]
@@ -274,6 +304,12 @@ def main() -> None:
         "throughput_tok_s": {"baseline": baseline, "up": plugin["up"], "down": plugin["down"]},
         "ratio_vs_baseline": {
             phase: {w: statistics.median(plugin[phase][w]) / med[w] for w in WORKLOADS} for phase in ("up", "down")
+        },
+        # the overhead figure: per pair of alternating engine starts, then the median over pairs
+        "pairs": pairs,
+        "ratio_vs_baseline_median_of_pairs": {
+            phase: {w: statistics.median(p[f"{phase}_vs_baseline"][w] for p in pairs) for w in WORKLOADS}
+            for phase in ("up", "down")
         },
         "ratio_up_vs_down_same_engine": {
             w: statistics.median(plugin["up"][w]) / statistics.median(plugin["down"][w]) for w in WORKLOADS
@@ -292,7 +328,8 @@ def main() -> None:
             "decision_to_verified_s_median": statistics.median(verifieds or [float("nan")]),
             "all_live": all(c["path"] == "live" and c["status"] == "applied" for c in changes),
         },
-        "restart_s": {"baseline_engine_start": base_start_s, "plugin_engine_start": plug_start_s},
+        "restart_s": {"baseline_engine_start": base_start_s, "plugin_engine_start": plug_start_s,
+                      "baseline_starts": base_starts, "plugin_starts": plug_starts},
         "ingest": ingest_stats,
         "targets": {"overhead": TARGET_OVERHEAD, "live_s": TARGET_LIVE_S},
     }
@@ -305,6 +342,11 @@ def main() -> None:
     for w in WORKLOADS:
         b, u, d = med[w], statistics.median(plugin["up"][w]), statistics.median(plugin["down"][w])
         print(f"  {w:8} {b:10.1f} {u:10.1f} {d:10.1f} {u / b:8.3f} {d / b:9.3f} {u / d:8.3f}")
+    for ph in ("up", "down"):
+        r = report["ratio_vs_baseline_median_of_pairs"][ph]
+        per = "; ".join(", ".join(f"{p[f'{ph}_vs_baseline'][w]:.3f}" for p in pairs) + f" ({w})" for w in WORKLOADS)
+        print(f"  {ph}/baseline, median over {len(pairs)} pairs: "
+              + ", ".join(f"{w} {v:.3f}" for w, v in r.items()) + f"  [pairs: {per}]")
     print("engine CPU per generated token, ms (median; by process):")
     for key, procs in report["engine_cpu_ms_per_token"].items():
         print(f"  {key:12} " + ", ".join(f"{p} {v:.3f}" for p, v in sorted(procs.items()) if v >= 0.001))

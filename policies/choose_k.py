@@ -4,11 +4,16 @@ Purely computational, no side effects. K = 0 (speculation off) is a valid answer
 the memory budget is never chosen. The predicted gain is goodput(K) / goodput(0) with an interval that
 combines the acceptance model's interval for E(K) and the step-cost fit's covariance (delta method on
 the log scale, treating the two as independent).
+
+When one K must serve a load that varies (no per-batch-size table), :func:`goodput_over_load` scores a
+K over the batch sizes seen, weighted by time: the K a fixed-K oracle would pick, rather than the best K
+at the mean batch (which chases a burst and restarts the engine twice for a five-minute spike).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -176,3 +181,47 @@ def _ci(ci: tuple[float, float]) -> str:
     if math.isclose(ci[0], ci[1], rel_tol=1e-9):
         return "α taken as exact"
     return f"interval {ci[0]:.2f}–{ci[1]:.2f}×"
+
+
+# -- one K for a varying load ---------------------------------------------------------------------------
+
+_BIN_RATIO = 1.25  # batch sizes within 25% of each other share a bin: a day of windows is ~25 bins
+
+
+def load_bins(profile: Sequence[tuple[float, float]]) -> tuple[tuple[float, float], ...]:
+    """(seconds, mean batch size) per geometric bin of the batch sizes in ``profile`` ((seconds,
+    requests running) per window); windows with no request running are left out (nothing to speed up)."""
+    if not profile:
+        return ()
+    arr = np.asarray(profile, dtype=float).reshape(-1, 2)
+    seconds, batch = arr[:, 0], arr[:, 1]
+    keep = (seconds > 0) & np.isfinite(batch) & (batch >= 0.5)
+    seconds, batch = seconds[keep], np.maximum(batch[keep], 1.0)
+    if seconds.size == 0:
+        return ()
+    key = np.floor(np.log(batch) / math.log(_BIN_RATIO)).astype(np.int64)
+    key -= key.min()
+    total_s = np.bincount(key, weights=seconds)
+    total_sb = np.bincount(key, weights=seconds * batch)
+    return tuple((float(s), float(sb / s)) for s, sb in zip(total_s, total_sb, strict=True) if s > 0)
+
+
+@dataclass(frozen=True)
+class LoadGoodput:
+    """Mean generated tokens/s of one K over a load profile, with the interval from α's."""
+
+    k: int
+    tokens_per_s: float
+    interval: tuple[float, float]
+
+
+def goodput_over_load(
+    acceptance: AcceptanceModel, step_cost: StepCostModel, bins: Sequence[tuple[float, float]], k: int
+) -> LoadGoodput:
+    """Σ seconds · B · E[tokens per step](K) / T(B, K) over the bins, per second of the profile: what one K
+    would have generated over the load seen (the fixed-K oracle's criterion)."""
+    e = acceptance.expected_tokens(k)
+    e_lo, e_hi = acceptance.expected_tokens_interval(k)
+    total_s = sum(s for s, _ in bins)
+    rate = sum(s * b / step_cost.step_time_s(b, k) for s, b in bins) / total_s if total_s > 0 else 0.0
+    return LoadGoodput(k, e * rate, (e_lo * rate, e_hi * rate))

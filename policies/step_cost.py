@@ -6,7 +6,7 @@ Purely computational. One verify step at batch B with K speculative tokens costs
 
 The target scores B·(K + 1) tokens in one forward pass (a fixed part plus a per-token part); the draft
 runs K sequential forward passes over B sequences. All four parameters are ≥ 0, so the fit is a bounded
-linear least-squares problem (``scipy.optimize.least_squares``). The draft/target cost ratio at batch B
+linear least-squares problem (``scipy.optimize.nnls``). The draft/target cost ratio at batch B
 is c(B) = (draft_fixed_s + draft_per_seq_s·B) / (fixed_s + per_token_s·B), Leviathan's c at B = 1.
 
 The tuner supplies the arrays (from per-step records, from windows as mean step time weighted by the
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from statistics import NormalDist
 from typing import Any
@@ -131,6 +131,7 @@ class StepCostReason(StrEnum):
     OK = "ok"
     TOO_FEW_OBSERVATIONS = "too_few_observations"
     K_NOT_VARIED = "k_not_varied"
+    FIXED_COST_RATIO = "fixed_cost_ratio"  # one K seen: the draft's part taken as c × the target's
     BATCH_NOT_VARIED = "batch_not_varied"
     INVALID_INPUT = "invalid_input"
 
@@ -158,13 +159,15 @@ def fit_step_cost(
     step_time_s: ArrayLike,
     weight: ArrayLike | None = None,
     confidence: float = 0.95,
+    draft_cost_ratio: float | None = None,
 ) -> StepCostFit:
     """Fit T(B, K) by bounded least squares. Purely computational.
 
     ``weight`` is the number of steps an observation averages (a window's mean step time), default 1.
     Both B and K must vary for the full model: with one B the model is flat in B (said in the
-    message); with one K the draft cost cannot be told from the target's and no model is returned —
-    run the calibration sweep (K = 0 and K = K_max).
+    message); with one K the draft cost cannot be told from the target's, so no model is returned —
+    run the calibration sweep (K = 0 and K = K_max) — unless ``draft_cost_ratio`` c is given: the draft's
+    pass is then taken as c × the target's (Leviathan) and only the target's two parameters are fitted.
     """
     b = np.asarray(batch_size, dtype=float).ravel()
     kk = np.asarray(k, dtype=float).ravel()
@@ -182,6 +185,10 @@ def fit_step_cost(
     bad = _invalid_rows(b, kk, y, w)
     if bad:
         return StepCostFit(None, StepCostReason.INVALID_INPUT, bad, n)
+    both_varied = np.unique(kk).size >= 2 and np.unique(b).size >= 2
+    if draft_cost_ratio is not None and (not both_varied or n < 4):
+        # too little variety to separate four parameters: fit the target's two, the draft's as c × them
+        return _fit_fixed_ratio(b, kk, y, w, n, float(draft_cost_ratio))
     if n < 3:
         return StepCostFit(None, StepCostReason.TOO_FEW_OBSERVATIONS, f"{n} observations; at least 3 are needed.", n)
     if np.unique(kk).size < 2:
@@ -203,14 +210,9 @@ def fit_step_cost(
     sw = np.sqrt(w)
     xw, yw = x * sw[:, None], y * sw
     scale = max(float(np.abs(y).max()), 1e-12)
-    sol = optimize.least_squares(
-        lambda th: (xw @ th - yw) / scale,
-        x0=np.full(4, 0.0),
-        jac=lambda th: xw / scale,
-        bounds=(np.zeros(4), np.full(4, np.inf)),
-        method="trf",
-    )
-    theta = np.maximum(sol.x, 0.0)
+    # every parameter is ≥ 0: non-negative least squares is exact here and fast (refitted every few minutes)
+    sol_x, _ = optimize.nnls(xw / scale, yw / scale)
+    theta = np.maximum(sol_x, 0.0)
     if not batch_varied:
         theta[1] = theta[3] = 0.0
     if theta[0] + theta[1] <= 0.0:
@@ -244,7 +246,68 @@ def fit_step_cost(
             f"every observation has batch size {b[0]:g}: the model is exact there and assumed flat in "
             f"B elsewhere; c = {c:.3f}. Measure other batch sizes for a per-batch-size table.",
         )
+    if draft_cost_ratio is not None and c_ci[1] - c_ci[0] > max(c, 1e-9):
+        # K and B varied together (K follows the load), so the draft's cost is confounded with the
+        # target's per-token cost: the given c is the better guess than a c known only to ±50%
+        fixed = _fit_fixed_ratio(b, kk, y, w, n, float(draft_cost_ratio))
+        return replace(
+            fixed,
+            message=f"{fixed.message} (the full fit's c = {c:.3f}, interval {c_ci[0]:.3f}–{c_ci[1]:.3f}, was too "
+            "loose to use)",
+        )
     return StepCostFit(model, reason, message, n, c, c_ci)
+
+
+def _fit_fixed_ratio(
+    b: NDArray[np.float64],
+    kk: NDArray[np.float64],
+    y: NDArray[np.float64],
+    w: NDArray[np.float64],
+    n: int,
+    c: float,
+) -> StepCostFit:
+    """T(B, K) = fixed_s·(1 + K·c) + per_token_s·B·(K + 1 + K·c): the draft's part is c × the target's."""
+    check_cost_ratio(c)
+    x = np.column_stack([1.0 + kk * c, b * (kk + 1.0 + kk * c)])
+    batch_varied = np.unique(b).size >= 2
+    if not batch_varied:
+        x[:, 1] = 0.0
+    sw = np.sqrt(w)
+    xw, yw = x * sw[:, None], y * sw
+    scale = max(float(np.abs(yw).max()), 1e-12)
+    sol_x, _ = optimize.nnls(xw / scale, yw / scale)
+    a, p = (max(float(v), 0.0) for v in sol_x)
+    if not batch_varied:
+        p = 0.0
+    if a + p <= 0.0:
+        a = float(np.average(y / (1.0 + kk * c), weights=w))
+    resid = yw - xw @ np.array([a, p])
+    active = [0, 1] if batch_varied else [0]
+    sigma2 = float(resid @ resid) / max(n - len(active), 1)
+    cov2 = np.zeros((2, 2))
+    cov2[np.ix_(active, active)] = sigma2 * np.linalg.pinv(xw[:, active].T @ xw[:, active])
+    # (fixed_s, per_token_s, draft_fixed_s, draft_per_seq_s) = J · (a, p) with J = [[1,0],[0,1],[c,0],[0,c]]
+    jac = np.array([[1.0, 0.0], [0.0, 1.0], [c, 0.0], [0.0, c]])
+    cov = jac @ cov2 @ jac.T
+    model = StepCostModel(
+        fixed_s=a,
+        per_token_s=p,
+        draft_fixed_s=c * a,
+        draft_per_seq_s=c * p,
+        covariance=tuple(tuple(float(v) for v in row) for row in cov),
+        residual_std_s=math.sqrt(sigma2 / float(np.mean(w))),
+    )
+    where = "" if batch_varied else f", flat in B (every observation at B = {b[0]:g})"
+    seen = ", ".join(str(int(v)) for v in np.unique(kk))
+    return StepCostFit(
+        model,
+        StepCostReason.FIXED_COST_RATIO,
+        f"target cost fitted from {n} observations at K = {seen}{where}, the draft's taken as c = {c:.3f} × "
+        "the target's; steps at other K and batch sizes would measure c.",
+        n,
+        c,
+        (c, c),
+    )
 
 
 def _invalid_rows(

@@ -197,6 +197,12 @@ class PolicySection(_Section):
     k_max: int = Field(default=8, ge=0, le=64, description="largest K the controller may choose")
     cost_ratio: float = Field(default=0.05, gt=0, lt=10, description="draft step / target step (c)")
     evidence_window_s: float = Field(default=300.0, gt=0, description="how far back a decision looks")
+    load_horizon_s: float = Field(
+        default=3600.0,
+        gt=0,
+        description="one K is chosen for the load (requests running) of this long, weighted by time; "
+        "a burst shorter than this does not make the controller restart the engine twice",
+    )
     confidence: float = Field(default=0.95, gt=0.5, lt=1.0)
     per_batch_size: bool = Field(
         default=False,
@@ -205,7 +211,16 @@ class PolicySection(_Section):
     )
     max_batch_size: int = Field(default=16, ge=1, le=4096, description="the table's last row (vLLM --max-num-seqs)")
     target_params: int | None = Field(default=None, gt=0, description="target parameters (cost ratio of drafts)")
-    step_cost: StepCostSection | None = None
+    step_cost: StepCostSection | None = Field(
+        default=None, description="pin T(B, K); omit to fit it from the plugin's per-step records"
+    )
+    step_cost_fit: bool = Field(
+        default=True,
+        description="fit T(B, K) from the in-engine plugin's per-step records (needs [plugin]); "
+        "until enough steps arrive, or when false, Leviathan's model from cost_ratio is used",
+    )
+    step_cost_horizon_s: float = Field(default=86400.0, gt=0, description="how far back steps count for the fit")
+    step_cost_min_steps: int = Field(default=30, ge=3, description="decode steps needed before the fit is used")
 
 
 class DraftCandidateSection(_Section):

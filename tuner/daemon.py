@@ -47,6 +47,7 @@ from tuner.controller.drafts import registered_drafts
 from tuner.controller.guardrails import GuardrailSettings, MaintenanceWindowSpec
 from tuner.controller.policy import PolicySettings
 from tuner.controller.reconcile import Controller, ControllerSettings, TickResult
+from tuner.controller.step_cost import StepCostFitSettings
 from tuner.exporters.observers import Observers, ObserverStartError
 from tuner.store import AppliedBy, RetentionPolicy, Store, run_retention
 from tuner.store.deliveries import prune_deliveries
@@ -150,9 +151,15 @@ def controller_settings(config: SpectunerConfig) -> ControllerSettings:
         mode=c.mode.value,
         model_name=config.engine.model_name,
         evidence_window_s=p.evidence_window_s,
+        load_horizon_s=p.load_horizon_s,
         verify_window_s=c.verify_window_s,
         regression_tolerance=c.regression_tolerance,
         history_s=config.swap.history_s,
+        step_cost_fit=(
+            StepCostFitSettings(horizon_s=p.step_cost_horizon_s, min_steps=p.step_cost_min_steps)
+            if p.step_cost_fit
+            else None
+        ),
         guardrails=GuardrailSettings(
             min_drafts=g.min_drafts,
             min_evidence_s=g.min_evidence_s,
@@ -246,9 +253,11 @@ class ConfigTaggingSink:
     def __init__(self, store: Store) -> None:
         self.store = store
 
-    def _tag(self, records: Sequence[_Tagged], at: Callable[[_Tagged], datetime]) -> list[_Tagged]:
+    def _tag(
+        self, records: Sequence[_Tagged], at: Callable[[_Tagged], datetime], ids: dict[Any, int | None] | None = None
+    ) -> list[_Tagged]:
         """Each record's ``config_id``: the config in force for its series at the first record's time."""
-        ids: dict[Any, int | None] = {}
+        ids = {} if ids is None else ids
         tagged = []
         for r in records:
             if r.key not in ids:
@@ -276,6 +285,14 @@ class ConfigTaggingSink:
 
     def write_steps(self, records: Sequence[StepRecord]) -> None:
         self.store.write_steps(self._tag(records, lambda s: s.ts))
+
+    def write_windows_and_steps(self, windows: Sequence[WindowRecord], steps: Sequence[StepRecord]) -> None:
+        """Windows and the steps of the same interval, tagged with one config lookup per series (the
+        simulator's flush: one decide interval under one config)."""
+        ids: dict[Any, int | None] = {}
+        self.store.write_windows(self._tag(windows, lambda w: w.start, ids))
+        if steps:
+            self.store.write_steps(self._tag(steps, lambda s: s.ts, ids))
 
     def write_events(self, records: Sequence[EventRecord]) -> None:
         self.store.write_events(records)

@@ -10,10 +10,12 @@ from typing import Any
 
 import pytest
 
-from collectors.records import EngineKey, EventRecord, WindowRecord
+from collectors.records import EngineKey, EventRecord, StepRecord, WindowRecord
 from policies.counters import SpecCounters
+from policies.step_cost import StepCostModel
 from tuner.actuators.base import Actuator, ApplyResult, ApplyStatus, SpecConfig, config_fingerprint
 from tuner.controller import manual
+from tuner.controller.evidence import LoadProfile
 from tuner.controller.guardrails import GuardrailSettings
 from tuner.controller.policy import PolicySettings
 from tuner.controller.reconcile import CHANGE, Controller, ControllerSettings, config_record
@@ -416,3 +418,74 @@ def test_a_weak_draft_is_swapped_with_a_draft_swapped_event(db_url: str) -> None
         assert len(store.events(kind="acceptance_low")) == 1  # once per config period, not every tick
     finally:
         store.close()
+
+
+def write_steps(store: Store, start: datetime, *, k: int, step_s: Any, config_id: int) -> None:
+    """Per-step records as the in-engine plugin ships them: 40 decode steps at each of B = 1, 2, 4, 8."""
+    recs = [
+        StepRecord(
+            ts=start + timedelta(milliseconds=50 * i + 1000 * j),
+            key=KEY,
+            batch_size=b,
+            step_time_s=step_s(b) * (1.0 + 0.02 * ((i % 3) - 1)),
+            spec=iid(0.8, k, b) if k else SpecCounters(),
+            num_scheduled_tokens=b * (k + 1),
+            config_id=config_id,
+        )
+        for j, b in enumerate((1, 2, 4, 8))
+        for i in range(40)
+    ]
+    # a prefill step (more tokens scheduled than B·(K+1)) is far slower and must not count
+    recs.append(replace(recs[0], step_time_s=5.0, num_scheduled_tokens=4000))
+    store.write_steps(recs)
+
+
+def test_the_step_cost_fitted_from_plugin_steps_drives_the_decision(
+    world: tuple[Store, FakeClock, FakeActuator],
+) -> None:
+    store, clock, act = world
+    current = store.current_config(KEY)
+    assert current is not None
+    # Compute-bound target: scoring K + 1 tokens costs K + 1 times one; Leviathan's model (the config's
+    # c = 0.05, verifying is free) would raise K to 8, the measured steps say speculation does not pay.
+    truth = StepCostModel.from_cost_ratio(0.05, target_step_s=0.001, per_token_s=0.01)
+    write_steps(store, T0, k=2, step_s=lambda b: truth.step_time_s(b, 2), config_id=current.id)
+    ctl = controller(store, act, clock)
+    ctl.decide(clock.advance(60))
+    ctl.decide(clock.advance(60))
+    rows = store.decisions()
+    assert rows, "the controller recorded no decision"
+    inputs = rows[-1].decision.inputs
+    assert inputs["step_cost"]["source"] == "fitted" and "fitted from 160 steps" in inputs["step_cost"]["message"]
+    fitted = StepCostModel.from_dict(inputs["step_cost"]["model"])
+    assert fitted.per_token_s == pytest.approx(0.01, rel=0.05)
+    assert rows[-1].decision.proposed_config == {"method": "off", "num_speculative_tokens": 0}
+    assert K8 not in act.applied
+
+
+def test_a_pinned_step_cost_is_not_refitted(world: tuple[Store, FakeClock, FakeActuator]) -> None:
+    store, clock, act = world
+    current = store.current_config(KEY)
+    assert current is not None
+    truth = StepCostModel.from_cost_ratio(0.05, target_step_s=0.001, per_token_s=0.01)
+    write_steps(store, T0, k=2, step_s=lambda b: truth.step_time_s(b, 2), config_id=current.id)
+    pinned = PolicySettings(k_max=8, cost_ratio=0.05, step_cost=StepCostModel.from_cost_ratio(0.05))
+    ctl = controller(store, act, clock, policy=pinned)
+    assert ctl.decide(clock.advance(60)).action == "blocked"
+    assert ctl.decide(clock.advance(60)).action == "applied"
+    assert act.applied == [K8]
+    assert store.decisions()[-1].decision.inputs["step_cost"] is None
+
+
+def test_load_profile_is_topped_up_without_double_counting(db_url: str) -> None:
+    with Store(db_url) as store:
+        store.record_config(KEY, config_record(K2, T0, AppliedBy.STARTUP))
+        end = write_windows(store, T0, 30, k=2, rate=100.0)  # 300 s at 1 running
+        profile = LoadProfile()
+        first = profile.update(store, [KEY], end, horizon_s=3600)
+        assert len(first) == 30 and sum(d for d, _ in first) == pytest.approx(300.0)
+        later = write_windows(store, end, 6, k=2, rate=100.0)
+        second = profile.update(store, [KEY], later, horizon_s=3600)  # re-reads a minute of overlap
+        assert len(second) == 36
+        third = profile.update(store, [KEY], later + timedelta(seconds=3600 - 100), horizon_s=3600)
+        assert len(third) == 11  # windows ending before the horizon are dropped (ends T0+260 s … T0+360 s stay)

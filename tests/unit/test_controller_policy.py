@@ -6,6 +6,7 @@ from the closed forms in DESIGN.md.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -217,3 +218,19 @@ def test_a_k_that_failed_is_replaced_by_the_next_best_k() -> None:
     assert second.target is not None and second.target != best.target
     assert second.target["num_speculative_tokens"] not in (1, best.target["num_speculative_tokens"])
     assert "failed lately" in second.message
+
+
+def test_a_burst_in_the_load_horizon_does_not_make_k_chase_it() -> None:
+    """One K for the load of the last hour: evidence taken during a burst (mean batch 160) proposes the
+    K that serves the whole hour, not the burst's own best K; the message says over which load."""
+    cost = StepCostModel.from_cost_ratio(0.08, target_step_s=0.025, per_token_s=0.0001)
+    settings = PolicySettings(k_max=8, cost_ratio=0.08, step_cost=cost)
+    spec = {"method": "draft_model", "model": "/models/good", "num_speculative_tokens": 3}
+    burst = evidence(spec, 0.75, k=3, batch=160.0, candidates=())
+    profile = tuple([(10.0, 8.0)] * 330 + [(10.0, 160.0)] * 30)
+    during_burst_alone = propose(burst, settings)
+    over_the_hour = propose(replace(burst, load_profile=profile), settings)
+    assert during_burst_alone.reason is PolicyReason.CHANGE_K  # at B = 160 alone a smaller K wins
+    assert during_burst_alone.target is not None and during_burst_alone.target["num_speculative_tokens"] < 3
+    assert over_the_hour.reason is PolicyReason.KEEP, over_the_hour.message
+    assert "Over the load of the last 3600 s (batch 8–160" in over_the_hour.message

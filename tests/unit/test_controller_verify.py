@@ -10,7 +10,7 @@ from collectors.records import EngineKey
 from policies.counters import SpecCounters
 from tuner.controller.evidence import Evidence
 from tuner.controller.policy import PolicyReason, PolicySettings, propose_k
-from tuner.controller.verify import VerifyReason, judge
+from tuner.controller.verify import VerifyReason, judge, judge_at_matched_load
 from tuner.store import EngineConfigRecord, StoredConfig
 
 NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
@@ -21,6 +21,43 @@ def test_regression_beyond_noise_rolls_back() -> None:
     verdict = judge([100, 102, 98, 101, 99], [80, 82, 79, 81, 80], tolerance=0.05)
     assert verdict.reason is VerifyReason.REGRESSED and verdict.rollback
     assert verdict.realized_gain == pytest.approx(80.4 / 100)
+
+
+def test_a_burst_ending_is_not_a_regression() -> None:
+    # Decided during a burst (160 running, 5000 tok/s) and judged after it (8 running, 700 tok/s): the raw
+    # comparison reads a 7× loss; at matched load the change is no worse.
+    before_r = [700, 710, 690, 5000, 5050, 4950, 5020]
+    before_b = [8, 8, 8, 160, 160, 158, 161]
+    after_r = [705, 698, 712, 701]
+    after_b = [8, 8, 8, 8]
+    assert judge(before_r, after_r).rollback
+    verdict = judge_at_matched_load(before_r, before_b, after_r, after_b)
+    assert verdict.reason is VerifyReason.NO_WORSE and not verdict.rollback
+    assert verdict.realized_gain == pytest.approx(704 / 700, rel=1e-3) and "matched load" in verdict.message
+
+
+def test_a_real_regression_at_matched_load_rolls_back() -> None:
+    before_r = [700, 710, 690, 5000, 5050, 4950]
+    before_b = [8, 8, 8, 160, 160, 158]
+    after_r = [4000, 4050, 560, 570, 555]  # 20% slower in both bands
+    after_b = [160, 159, 8, 8, 8]
+    verdict = judge_at_matched_load(before_r, before_b, after_r, after_b)
+    assert verdict.reason is VerifyReason.REGRESSED and verdict.rollback
+    assert verdict.realized_gain == pytest.approx(0.8, abs=0.01)
+
+
+def test_no_common_load_keeps_the_change_and_says_why() -> None:
+    verdict = judge_at_matched_load([5000, 5050, 4950], [160, 160, 160], [700, 710, 690], [8, 8, 8])
+    assert verdict.reason is VerifyReason.NO_DATA and not verdict.rollback
+    assert "load changed (160–160 requests running before, 8–8 after)" in verdict.message
+
+
+def test_without_batch_sizes_it_is_the_plain_comparison() -> None:
+    verdict = judge_at_matched_load([100, 102, 98], [], [80, 82, 79], [])
+    assert verdict == judge([100, 102, 98], [80, 82, 79])
+    # one load on both sides: the plain comparison and its tokens/s message
+    same = judge_at_matched_load([100, 102, 98], [1, 0, 1], [80, 82, 79], [1, 1, 1])
+    assert same == judge([100, 102, 98], [80, 82, 79]) and "tokens/s" in same.message
 
 
 def test_a_loss_within_noise_is_kept() -> None:

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from policies.acceptance_model import ConstantAlphaModel
-from policies.choose_k import KChoiceSnapshot, KReason, choose_k
+from policies.choose_k import KChoiceSnapshot, KReason, choose_k, goodput_over_load, load_bins
 from policies.k_table import AcceptanceBucket, KTableReason, KTableSnapshot, k_table, merge_ranges
 from policies.memory import DraftFootprint, MemoryBudget, check_memory
 from policies.simulate import accepted_per_draft
@@ -246,3 +246,29 @@ def test_property_goodput_monotone_in_alpha(a1: float, a2: float, cost: StepCost
     for o_lo, o_hi in zip(d_lo.by_k, d_hi.by_k, strict=True):
         assert o_hi.goodput_tokens_per_s >= o_lo.goodput_tokens_per_s * (1 - 1e-12)
     assert d_hi.speedup >= d_lo.speedup * (1 - 1e-12)
+
+
+def test_load_bins_group_by_band_and_weight_by_time() -> None:
+    bins = load_bins([(10.0, 8.0), (10.0, 8.4), (5.0, 160.0), (10.0, 0.0), (0.0, 50.0)])
+    assert [round(s) for s, _ in bins] == [20, 5]  # 0 running is left out, and so is a 0-second window
+    assert bins[0][1] == pytest.approx(8.2) and bins[1][1] == pytest.approx(160.0)
+
+
+def test_one_k_for_a_bursty_load_is_the_fixed_k_oracle() -> None:
+    # 70B/8B (c = 0.08) with a per-token verify cost: the best K at B = 8 is large, at B = 160 small; over
+    # 55 min at 8 and 5 min at 160 the best single K lies between — and is what brute force over K says.
+    cost = StepCostModel.from_cost_ratio(0.08, target_step_s=0.025, per_token_s=0.0001)
+    alpha = ConstantAlphaModel(0.75, 0.74, 0.76)
+    bins = load_bins([(3300.0, 8.0), (300.0, 160.0)])
+    scores = [goodput_over_load(alpha, cost, bins, k) for k in range(9)]
+    best = max(scores, key=lambda g: g.tokens_per_s).k
+
+    def total(k: int, b: float, seconds: float) -> float:
+        return seconds * b * alpha.expected_tokens(k) / cost.step_time_s(b, k)
+
+    brute = max(range(9), key=lambda k: total(k, 8.0, 3300.0) + total(k, 160.0, 300.0))
+    at_b8 = choose_k(KChoiceSnapshot(NOW, alpha, cost, 8, 8)).k
+    at_b160 = choose_k(KChoiceSnapshot(NOW, alpha, cost, 160, 8)).k
+    assert best == brute and at_b160 < best < at_b8
+    lo, hi = scores[best].interval
+    assert lo < scores[best].tokens_per_s < hi

@@ -76,6 +76,29 @@ def test_one_k_cannot_separate_draft_from_target() -> None:
     assert "calibration sweep" in fit.message
 
 
+def test_one_k_with_a_known_cost_ratio_fits_the_target() -> None:
+    truth = StepCostModel.from_cost_ratio(0.08, target_step_s=0.02, per_token_s=0.0005)
+    b = np.array([1, 2, 4, 8, 16, 16])
+    y = np.array([truth.step_time_s(int(x), 3) for x in b])
+    fit = fit_step_cost(b, [3] * 6, y, draft_cost_ratio=0.08)
+    assert fit.reason is StepCostReason.FIXED_COST_RATIO and fit.model is not None
+    assert "c = 0.080" in fit.message and "other K" in fit.message
+    for name in ("fixed_s", "per_token_s", "draft_fixed_s", "draft_per_seq_s"):
+        assert getattr(fit.model, name) == pytest.approx(getattr(truth, name), rel=1e-6)
+    # the K it never saw is predicted from the ratio, including the per-token growth with B
+    assert fit.model.step_time_s(16, 0) == pytest.approx(truth.step_time_s(16, 0), rel=1e-6)
+
+
+def test_a_wrong_cost_ratio_still_fits_the_observed_k_exactly() -> None:
+    truth = StepCostModel(0.02, 0.0005, 0.004, 0.0)
+    b = np.array([1, 4, 16])
+    y = np.array([truth.step_time_s(int(x), 2) for x in b])
+    fit = fit_step_cost(b, [2, 2, 2], y, draft_cost_ratio=0.5)
+    assert fit.model is not None
+    for x in (1, 4, 16):
+        assert fit.model.step_time_s(x, 2) == pytest.approx(truth.step_time_s(x, 2), rel=0.05)
+
+
 def test_one_batch_size_gives_a_flat_model_and_says_so() -> None:
     fit = fit_step_cost([4] * 6, [0, 1, 2, 3, 4, 5], [0.010, 0.012, 0.014, 0.016, 0.018, 0.020])
     assert fit.reason is StepCostReason.BATCH_NOT_VARIED and fit.model is not None

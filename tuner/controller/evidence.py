@@ -17,6 +17,7 @@ from collectors.records import EngineKey, WindowRecord
 from policies.acceptance import AcceptanceEvidence, evidence_from_counters
 from policies.counters import SpecCounters
 from policies.draft_choice import DraftCandidate, SpecWindow
+from policies.step_cost import StepCostModel
 from tuner.store import Store, StoredConfig
 
 
@@ -42,6 +43,13 @@ class Evidence:
     candidates: tuple[DraftCandidate, ...] = ()
     history: Mapping[str, AcceptanceEvidence] = field(default_factory=dict)  # candidate name → measured α
     failed_configs: tuple[dict[str, Any], ...] = ()  # configs that failed to apply lately (not proposed again)
+    # T(B, K) fitted from the plugin's per-step records (tuner.controller.step_cost); None: not enough steps
+    step_cost: StepCostModel | None = None
+    step_cost_note: str | None = None
+    # (duration s, requests running) per window over the controller's load horizon, under any config:
+    # the load one K must serve (empty: judge K at the mean batch of the evidence window)
+    load_profile: tuple[tuple[float, float], ...] = ()
+    window_batches: tuple[float | None, ...] = ()  # requests running per window, aligned with window_rates
 
     @property
     def goodput_tokens_per_s(self) -> float | None:
@@ -60,7 +68,13 @@ class Evidence:
             "duration_s": self.duration_s,
             "goodput_tokens_per_s": self.goodput_tokens_per_s,
             "window_rates": list(self.window_rates),
+            "window_batches": list(self.window_batches),
             "mean_batch_size": self.mean_batch_size,
+            "step_cost": (
+                {"source": "fitted", "model": self.step_cost.to_dict(), "message": self.step_cost_note}
+                if self.step_cost is not None
+                else None
+            ),
         }
 
 
@@ -159,7 +173,64 @@ def gather_evidence(
         if w.duration_s > 0 and w.requests_running is not None and math.isfinite(w.requests_running)
     )
     specs = tuple(e for e in (effective_counters(w.spec) for w in wins if w.spec is not None) if e is not None)
-    return Evidence(now, tuple(keys), config, spec, len(wins), duration_s, tokens, rates, running, profile, specs)
+    return Evidence(
+        now,
+        tuple(keys),
+        config,
+        spec,
+        len(wins),
+        duration_s,
+        tokens,
+        rates,
+        running,
+        profile,
+        specs,
+        window_batches=window_batches(wins),
+    )
+
+
+def window_batches(windows: Sequence[WindowRecord]) -> tuple[float | None, ...]:
+    """Requests running per window, aligned with :func:`summarize`'s rates (None where not scraped)."""
+    return tuple(
+        float(w.requests_running)
+        if w.requests_running is not None and math.isfinite(w.requests_running)
+        else None
+        for w in windows
+        if w.duration_s > 0
+    )
+
+
+class LoadProfile:
+    """(duration s, requests running) of the engine's windows over the last ``horizon_s``, under any
+    config: the load one K must serve. Kept between ticks and topped up with the windows that arrived
+    since (re-reading a minute of overlap, so a window stored late is not missed)."""
+
+    _OVERLAP = timedelta(seconds=60)
+
+    def __init__(self) -> None:
+        self._samples: dict[tuple[EngineKey, datetime], tuple[float, float]] = {}
+        self._read_until: datetime | None = None
+        self._keys: tuple[EngineKey, ...] = ()
+
+    def update(
+        self, store: Store, keys: Sequence[EngineKey], now: datetime, horizon_s: float
+    ) -> tuple[tuple[float, float], ...]:
+        since = now - timedelta(seconds=horizon_s)
+        if tuple(keys) != self._keys or self._read_until is None or self._read_until > now:
+            self._samples.clear()
+            self._keys = tuple(keys)
+            read_from = since
+        else:
+            read_from = max(since, self._read_until - self._OVERLAP)
+        until = now + timedelta(microseconds=1)
+        for key in keys:
+            for end, d, b in store.load_samples(key, read_from, until):
+                if d > 0 and math.isfinite(b):
+                    self._samples[(key, end)] = (d, b)
+        self._read_until = now
+        for k in [k for k in self._samples if k[1] < since]:
+            del self._samples[k]
+        return tuple(self._samples.values())
 
 
 def spec_windows(

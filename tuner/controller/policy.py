@@ -1,7 +1,8 @@
 """From evidence to a proposal: the K policy (``policies.choose_k``) applied to the current config.
 
-Purely computational given an :class:`~tuner.controller.evidence.Evidence`. The step-cost model is
-Leviathan's cost ratio from the config until a fitted model is wired in (see docs/controller.md).
+Purely computational given an :class:`~tuner.controller.evidence.Evidence`. The step-cost model T(B, K)
+is the config's ``[policy.step_cost]`` when pinned, else the one the controller fitted from the plugin's
+per-step records (``evidence.step_cost``), else Leviathan's model from the cost ratio.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 
 from policies.acceptance import AlphaEstimate, estimate_alpha, estimate_alpha_from_evidence
 from policies.acceptance_model import ConstantAlphaModel
-from policies.choose_k import KChoiceSnapshot, choose_k, evaluate_k
+from policies.choose_k import KChoiceSnapshot, choose_k, evaluate_k, goodput_over_load, load_bins
 from policies.draft_choice import DraftCandidate, DraftChoiceSnapshot, DraftReason, DraftTriggerConfig, choose_draft
 from policies.k_table import KTableSnapshot, k_table
 from policies.memory import DraftFootprint, MemoryBudget
@@ -21,6 +22,7 @@ from policies.step_cost import StepCostModel
 from tuner.actuators.base import config_fingerprint
 from tuner.controller.candidates import current_candidate, same_draft, spec_config_for
 from tuner.controller.evidence import Evidence, pooled_alpha, spec_config_of
+from tuner.controller.step_cost import draft_identity
 
 _ALPHA_EPS = 1e-6
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -50,8 +52,13 @@ class PolicySettings:
     memory: MemoryBudget | None = None
     swap: DraftTriggerConfig | None = None  # None: never swap drafts
 
-    def step_cost_model(self) -> StepCostModel:
-        return self.step_cost if self.step_cost is not None else StepCostModel.from_cost_ratio(self.cost_ratio)
+    def step_cost_model(self, evidence: Evidence | None = None) -> StepCostModel:
+        """The config's pinned T(B, K), else the one fitted from the plugin's steps, else Leviathan's."""
+        if self.step_cost is not None:
+            return self.step_cost
+        if evidence is not None and evidence.step_cost is not None:
+            return evidence.step_cost
+        return StepCostModel.from_cost_ratio(self.cost_ratio)
 
 
 @dataclass(frozen=True)
@@ -90,40 +97,81 @@ def propose_k(evidence: Evidence, settings: PolicySettings) -> PolicyOutcome:
     lo, hi = estimate.alpha_ci
     batch = max(1, round(evidence.mean_batch_size or 1.0))
     k_max = max(settings.k_max, k_now)
+    step_cost = settings.step_cost_model(evidence)
     decision = choose_k(
         KChoiceSnapshot(
             now=evidence.now,
             acceptance=model,
-            step_cost=settings.step_cost_model(),
+            step_cost=step_cost,
             batch_size=batch,
             k_max=k_max,  # never below the current K, so its goodput is comparable
             current_k=k_now,
             confidence=settings.confidence,
         )
     )
+    details: dict[str, Any] = {"alpha": estimate.alpha, "alpha_ci": [lo, hi], "batch_size": batch}
+    # Score every K: over the load profile when the load varied (one K must serve all of it), else at
+    # the mean batch of the evidence window (choose_k's own ranking).
+    bins = load_bins(evidence.load_profile)
+    if len(bins) >= 2:
+        scores = {o.k: goodput_over_load(model, step_cost, bins, o.k) for o in decision.by_k}
+        value = {k: g.tokens_per_s for k, g in scores.items()}
+        interval = {k: g.interval for k, g in scores.items()}
+        seconds = sum(s for s, _ in bins)
+        over = (
+            f"Over the load of the last {seconds:.0f} s (batch {bins[0][1]:.0f}–{bins[-1][1]:.0f}, weighted by "
+            "time)"
+        )
+        details["load_bins"] = [[round(s, 1), round(b, 2)] for s, b in bins]
+    else:
+        value = {o.k: o.speedup for o in decision.by_k}
+        interval = {o.k: o.speedup_ci for o in decision.by_k}
+        over = ""
     failed = {config_fingerprint(c) for c in evidence.failed_configs}
-    if failed and config_fingerprint(_with_k(current, decision.k)) in failed:
-        # The best K failed lately (did not start, or regressed): fall back to the best K that did not.
-        options = sorted(decision.by_k, key=lambda o: o.goodput_tokens_per_s, reverse=True)
-        for option in options:
-            if option.fits_memory and config_fingerprint(_with_k(current, option.k)) not in failed:
-                cur = decision.by_k[k_now] if k_now < len(decision.by_k) else None
-                gain = option.speedup / cur.speedup if cur is not None and cur.speedup > 0 else None
-                gain_ci = (
-                    (option.speedup_ci[0] / cur.speedup_ci[1], option.speedup_ci[1] / cur.speedup_ci[0])
-                    if cur is not None and cur.speedup_ci[0] > 0
-                    else None
-                )
-                decision = replace(
-                    decision,
-                    k=option.k,
-                    message=f"K = {decision.k} failed lately; the best other K is {option.k} "
-                    f"({option.speedup:.2f}× no speculation).",
-                    gain_vs_current=gain,
-                    gain_vs_current_ci=gain_ci,
-                )
-                break
-    details = {"alpha": estimate.alpha, "alpha_ci": [lo, hi], "batch_size": batch, "k_reason": decision.reason.value}
+    # A K of this draft that failed lately (did not start, or regressed) caps K: a larger K needs more
+    # memory and drafts more, so it would most likely fail too — the fallback searches below it.
+    ceiling = min(
+        (
+            int(c["num_speculative_tokens"])
+            for c in evidence.failed_configs
+            if draft_identity(c) == draft_identity(current)
+            and isinstance(c.get("num_speculative_tokens"), int)
+            and c["num_speculative_tokens"] > 0
+            and not c.get("num_speculative_tokens_per_batch_size")
+        ),
+        default=None,
+    )
+    allowed = [
+        o.k
+        for o in decision.by_k
+        if o.fits_memory
+        and (ceiling is None or o.k < ceiling or o.k == k_now)
+        and (not failed or config_fingerprint(_with_k(current, o.k)) not in failed)
+    ]
+    best = max(allowed, key=lambda k: (value[k], -k)) if allowed else 0
+    ranked_best = max((o.k for o in decision.by_k if o.fits_memory), key=lambda k: (value[k], -k))
+    if over or best != decision.k:
+        speedup = value[best] / value[0] if value[0] > 0 else float("nan")
+        message = f"{over}, K = {best} maximises goodput: {speedup:.2f}× no speculation." if over else ""
+        if best != ranked_best:
+            why = (
+                f"K = {ranked_best} failed lately"
+                if config_fingerprint(_with_k(current, ranked_best)) in failed
+                else f"K = {ranked_best} is above K = {ceiling}, which failed lately"
+            )
+            capped = f" (K ≥ {ceiling} is not proposed while that failure is recent)" if ceiling is not None else ""
+            message = f"{why}{capped}; the best other K is {best}. {message}".strip()
+        elif not over:
+            message = decision.message
+        cur_lo = interval[k_now][0] if k_now in interval else 0.0
+        gain = value[best] / value[k_now] if k_now in value and value[k_now] > 0 else None
+        gain_ci = (
+            (interval[best][0] / interval[k_now][1], interval[best][1] / cur_lo)
+            if gain is not None and cur_lo > 0 and interval[k_now][1] > 0
+            else None
+        )
+        decision = replace(decision, k=best, message=message, gain_vs_current=gain, gain_vs_current_ci=gain_ci)
+    details["k_reason"] = decision.reason.value
     if decision.k == k_now or decision.gain_vs_current is None or decision.gain_vs_current_ci is None:
         return PolicyOutcome(
             PolicyReason.KEEP, f"K = {k_now} is already the best choice. {decision.message}", details=details
@@ -234,7 +282,7 @@ def propose_swap(evidence: Evidence, settings: PolicySettings) -> PolicyOutcome 
             history=evidence.history,
             batch_size=batch,
             k_max=settings.k_max,
-            step_cost=settings.step_cost_model(),
+            step_cost=settings.step_cost_model(evidence),
             target_params=settings.target_params,
             memory=settings.memory,
             config=settings.swap,
@@ -274,7 +322,7 @@ def propose_swap(evidence: Evidence, settings: PolicySettings) -> PolicyOutcome 
         details["acceptance_low"] = trigger.message
         return PolicyOutcome(PolicyReason.KEEP, decision.message, details=details)
     details["acceptance_low"] = trigger.message
-    cur_speedup, cur_ci = _running_speedup(decision.current, running, k_now, batch, settings)
+    cur_speedup, cur_ci = _running_speedup(decision.current, running, k_now, batch, settings, evidence)
     if decision.candidate is None:  # switch speculation off
         target: dict[str, Any] = {"method": "off", "num_speculative_tokens": 0}
         new_speedup, new_ci = 1.0, (1.0, 1.0)
@@ -323,7 +371,7 @@ def _swap_pending(
 
 
 def _running_speedup(
-    score: Any, running: DraftCandidate, k_now: int, batch: int, settings: PolicySettings
+    score: Any, running: DraftCandidate, k_now: int, batch: int, settings: PolicySettings, evidence: Evidence
 ) -> tuple[float | None, tuple[float, float] | None]:
     """The running config's speedup over plain decoding at the K it runs now (the gain of a swap is
     measured against what is in force, not against the running draft at its best K)."""
@@ -332,7 +380,7 @@ def _running_speedup(
     ratio = running.cost_ratio_for(settings.target_params)
     if ratio is None:
         ratio = settings.cost_ratio
-    target = settings.step_cost_model()
+    target = settings.step_cost_model(evidence)
     model = StepCostModel(
         fixed_s=target.fixed_s,
         per_token_s=target.per_token_s,
@@ -366,7 +414,7 @@ def _table_for(
         KTableSnapshot(
             now=evidence.now,
             acceptance=model,
-            step_cost=settings.step_cost_model(),
+            step_cost=settings.step_cost_model(evidence),
             max_batch_size=settings.max_batch_size,
             k_max=settings.k_max,
             draft=_footprint(candidate, settings),
@@ -403,7 +451,7 @@ def propose_k_table(evidence: Evidence, settings: PolicySettings) -> PolicyOutco
     running, _ = current_candidate(current, evidence.candidates, settings.cost_ratio)
     footprint = _footprint(running, settings)
     k_engine = max(k_now, settings.k_max)
-    step_cost = settings.step_cost_model()
+    step_cost = settings.step_cost_model(evidence)
     table = k_table(
         KTableSnapshot(
             now=evidence.now,

@@ -23,16 +23,19 @@ from collectors.records import EngineKey, EventRecord
 from policies.acceptance import AcceptanceEvidence
 from policies.draft_choice import DraftCandidate
 from policies.memory import check_memory
+from policies.step_cost import StepCostModel
 from tuner.actuators.base import START_FAILED, Actuator, ApplyResult, ApplyStatus, config_fingerprint
 from tuner.controller import manual
 from tuner.controller.candidates import current_candidate, same_draft
 from tuner.controller.evidence import (
     Evidence,
+    LoadProfile,
     gather_evidence,
     measured_history,
     spec_config_of,
     spec_windows,
     summarize,
+    window_batches,
     windows_under,
 )
 from tuner.controller.guardrails import (
@@ -43,7 +46,8 @@ from tuner.controller.guardrails import (
     next_streak,
 )
 from tuner.controller.policy import PolicyOutcome, PolicySettings, propose
-from tuner.controller.verify import judge
+from tuner.controller.step_cost import StepCostFitSettings, config_specs, draft_identity, fitted_step_cost
+from tuner.controller.verify import judge_at_matched_load
 from tuner.store import AppliedBy, DecisionRecord, DecisionStatus, EngineConfigRecord, Store, StoredConfig
 
 log = logging.getLogger(__name__)
@@ -73,6 +77,8 @@ class ControllerSettings:
     regression_tolerance: float = 0.05
     failed_retry_s: float = 86400.0  # a config that failed is not proposed again for this long
     history_s: float = 7 * 86400.0  # how far back a draft candidate's measured α counts
+    step_cost_fit: StepCostFitSettings | None = field(default_factory=StepCostFitSettings)  # None: never fit
+    load_horizon_s: float = 3600.0  # one K is chosen for the load of this long (a burst is not chased)
     guardrails: GuardrailSettings = field(default_factory=GuardrailSettings)
     policy: PolicySettings = field(default_factory=PolicySettings)
 
@@ -124,6 +130,9 @@ class Controller:
         self._streak: tuple[str | None, int] = (None, 0)
         self._last_recorded: tuple[str, str] | None = None  # (target, reason) of the last hold-type row
         self._history_cache: dict[int, AcceptanceEvidence] = {}  # α evidence of ended config periods
+        self._load_profile = LoadProfile()
+        # (fitted at, running draft, T(B, K) and its note): refitted every refit_interval_s or on a swap
+        self._step_cost_cache: tuple[datetime, tuple[Any, Any], tuple[StepCostModel, str] | None] | None = None
         # decide/verify/sync run on scheduler threads: one at a time, so a config recorded by an apply
         # is never raced by the collector's sync recording the same config as "observed".
         self.lock = threading.RLock()
@@ -180,7 +189,9 @@ class Controller:
                 self.store.record_config(key, config_record(spec, now, applied_by))
 
     # -- state from the database -----------------------------------------------------------------
-    def state(self, now: datetime, keys: Sequence[EngineKey]) -> ControllerState:
+    def state(
+        self, now: datetime, keys: Sequence[EngineKey], failed_configs: Sequence[dict[str, Any]] | None = None
+    ) -> ControllerState:
         gr = self.settings.guardrails
         look_back = timedelta(seconds=max(3600.0, gr.cooldown_s))
         change_times: list[datetime] = []
@@ -190,21 +201,17 @@ class Controller:
                 for c in self.store.configs(keys[0], since=now - look_back, until=now + timedelta(microseconds=1))
                 if c.config.applied_by in _CHANGE_SOURCES
             ]
+        in_flight = self.store.decisions(status=(DecisionStatus.APPLIED, DecisionStatus.APPLYING))
         pending = any(
-            d.decision.action in (CHANGE, manual.OVERRIDE) for d in self.store.decisions(status=DecisionStatus.APPLIED)
+            d.status == DecisionStatus.APPLYING or d.decision.action in (CHANGE, manual.OVERRIDE) for d in in_flight
         )
-        applying = bool(self.store.decisions(status=DecisionStatus.APPLYING))
-        since_failed = now - timedelta(seconds=self.settings.failed_retry_s)
-        failed = frozenset(
-            config_fingerprint(d.decision.proposed_config)
-            for status in (DecisionStatus.ROLLED_BACK, DecisionStatus.FAILED)
-            for d in self.store.decisions(since_failed, None, status=status)
-            if d.decision.proposed_config is not None and d.decision.action == CHANGE
-        )
+        if failed_configs is None:
+            failed_configs = self.failed_configs(now)
+        failed = frozenset(config_fingerprint(c) for c in failed_configs)
         target, count = self._streak
         return ControllerState(
             paused=bool(manual.active_pauses(self.store)),
-            pending_verification=pending or applying,
+            pending_verification=pending,
             change_times=tuple(change_times),
             streak_target=target,
             streak_count=count,
@@ -231,8 +238,9 @@ class Controller:
         current = self.current_config(keys)
         if current is None:
             return TickResult("none", "no_config", "The engine's current config is not known yet.")
-        state = self.state(now, keys)
-        evidence = self._evidence(now, keys, current)
+        failed = self.failed_configs(now)  # read once: the rails and the policy see the same list
+        state = self.state(now, keys, failed)
+        evidence = self._evidence(now, keys, current, failed)
         self._watch_budget(now, keys, current, evidence)
 
         # An override names its engine series when the database holds several servers: only ours.
@@ -434,16 +442,46 @@ class Controller:
             ]
         )
 
-    def _evidence(self, now: datetime, keys: Sequence[EngineKey], current: StoredConfig) -> Evidence:
+    def _evidence(
+        self, now: datetime, keys: Sequence[EngineKey], current: StoredConfig, failed: Sequence[dict[str, Any]]
+    ) -> Evidence:
         """The policy's snapshot: windows under the current config and, when draft candidates are
         configured, the swap trigger's windows, each candidate's measured α and recent failures."""
         evidence = gather_evidence(self.store, keys, current, now, self.settings.evidence_window_s)
-        evidence = replace(evidence, failed_configs=tuple(self.failed_configs(now)))
+        evidence = replace(
+            evidence,
+            failed_configs=tuple(failed),
+            load_profile=self._load_profile.update(self.store, keys, now, self.settings.load_horizon_s)
+            if not self.settings.policy.per_batch_size
+            else (),
+        )
         swap = self.settings.policy.swap
         candidates = tuple(self.candidates())
+        spec = spec_config_of(current)
+        running, everyone = current_candidate(spec, candidates, self.settings.policy.cost_ratio)
+        fit = self.settings.step_cost_fit
+        if fit is not None and self.settings.policy.step_cost is None:
+            ratio = running.cost_ratio_for(self.settings.policy.target_params) if running is not None else None
+            cached = self._step_cost_cache
+            if cached is not None and cached[1] == draft_identity(spec) and now - cached[0] < timedelta(
+                seconds=fit.refit_interval_s
+            ):
+                fitted = cached[2]
+            else:
+                fitted = fitted_step_cost(
+                    self.store,
+                    keys,
+                    spec,
+                    config_specs(self.store, keys, now, fit.horizon_s),
+                    now,
+                    fit,
+                    self.settings.policy.cost_ratio if ratio is None else ratio,
+                )
+                self._step_cost_cache = (now, draft_identity(spec), fitted)
+            if fitted is not None:
+                evidence = replace(evidence, step_cost=fitted[0], step_cost_note=fitted[1])
         if swap is None or not candidates:
             return evidence
-        _, everyone = current_candidate(spec_config_of(current), candidates, self.settings.policy.cost_ratio)
         return replace(
             evidence,
             trigger_windows=spec_windows(self.store, keys, current, now, swap.duration_s),
@@ -458,8 +496,7 @@ class Controller:
         since = now - timedelta(seconds=self.settings.failed_retry_s)
         return [
             dict(d.decision.proposed_config)
-            for status in (DecisionStatus.ROLLED_BACK, DecisionStatus.FAILED)
-            for d in self.store.decisions(since, None, status=status)
+            for d in self.store.decisions(since, None, status=(DecisionStatus.ROLLED_BACK, DecisionStatus.FAILED))
             if d.decision.proposed_config is not None and d.decision.action == CHANGE
         ]
 
@@ -500,7 +537,16 @@ class Controller:
                 continue
             after = windows_under(self.store, keys, applied_at, applied_at, now + timedelta(microseconds=1))
             before_rates = [float(r) for r in d.decision.inputs.get("window_rates", [])]
-            verdict = judge(before_rates, summarize(after)[3], tolerance=self.settings.regression_tolerance)
+            before_batches = [
+                float(b) if isinstance(b, int | float) else None for b in d.decision.inputs.get("window_batches", [])
+            ]
+            verdict = judge_at_matched_load(
+                before_rates,
+                before_batches,
+                summarize(after)[3],
+                window_batches(after),
+                tolerance=self.settings.regression_tolerance,
+            )
             previous = d.decision.inputs.get("current_config")
             if verdict.rollback and d.decision.action == CHANGE and isinstance(previous, dict):
                 out.append(self._roll_back(d.id, previous, verdict.message, verdict.realized_gain, now, keys))
@@ -552,8 +598,10 @@ class Controller:
             if got.startswith(START_FAILED):
                 # The new config had already failed to start: finishing the rollback is what the daemon
                 # does next (it starts the last recorded config), so it is recorded as one.
-                message = f"{got.split(';')[0]}; the daemon stopped while restoring the previous config, and the " \
+                message = (
+                    f"{got.split(';')[0]}; the daemon stopped while restoring the previous config, and the "
                     "next daemon restarted the last recorded config"
+                )
                 self.store.update_decision(d.id, status=DecisionStatus.ROLLED_BACK, at=now, status_message=message)
                 self._event(now, keys, "apply_rolled_back", "warning", message, d.id)
             else:

@@ -3,6 +3,11 @@
 Purely computational. The noise is the standard error of the difference of the mean per-window
 throughput before and after (Welch); a change is a regression only if it lost more than the
 tolerance AND the loss is more than ``z`` standard errors — one slow window is not a regression.
+
+Throughput follows the load as much as the config: a change made during a burst and judged after it
+would look like a regression. :func:`judge_at_matched_load` therefore compares windows at the same load
+only (requests running within the same 25% band), each window's rate taken relative to the mean rate
+before the change in its band; with no band in common it keeps the change and says why.
 """
 
 from __future__ import annotations
@@ -76,3 +81,65 @@ def judge(
         gain,
         False,
     )
+
+
+_BAND_RATIO = 1.25
+
+
+def _band(batch: float) -> int:
+    """Load band of a window: requests running within 25% share one (0 and 1 running share the first)."""
+    return math.floor(math.log(max(batch, 1.0)) / math.log(_BAND_RATIO))
+
+
+def judge_at_matched_load(
+    before_rates: Sequence[float],
+    before_batches: Sequence[float | None],
+    after_rates: Sequence[float],
+    after_batches: Sequence[float | None],
+    *,
+    tolerance: float = 0.05,
+    z: float = 2.0,
+    min_windows: int = 3,
+) -> Verdict:
+    """:func:`judge` on windows at a load seen on both sides. Without batch sizes (older audit rows, an
+    engine without the running gauge) it is :func:`judge` on all windows."""
+    if len(before_batches) != len(before_rates) or len(after_batches) != len(after_rates):
+        return judge(before_rates, after_rates, tolerance=tolerance, z=z, min_windows=min_windows)
+    if any(b is None for b in (*before_batches, *after_batches)):
+        return judge(before_rates, after_rates, tolerance=tolerance, z=z, min_windows=min_windows)
+    before: dict[int, list[float]] = {}
+    for rate, b in zip(before_rates, before_batches, strict=True):
+        if b is not None:
+            before.setdefault(_band(b), []).append(rate)
+    after: dict[int, list[float]] = {}
+    for rate, b in zip(after_rates, after_batches, strict=True):
+        if b is not None:
+            after.setdefault(_band(b), []).append(rate)
+    common = sorted(k for k in before.keys() & after.keys() if statistics.fmean(before[k]) > 0)
+    if len(before) <= 1 and len(after) <= 1 and common:
+        return judge(before_rates, after_rates, tolerance=tolerance, z=z, min_windows=min_windows)  # one load
+    norm_b = [r / statistics.fmean(before[k]) for k in common for r in before[k]]
+    norm_a = [r / statistics.fmean(before[k]) for k in common for r in after[k]]
+    if len(norm_b) < min_windows or len(norm_a) < min_windows:
+        lo_b = min((b for b in before_batches if b is not None), default=0.0)
+        hi_b = max((b for b in before_batches if b is not None), default=0.0)
+        lo_a = min((b for b in after_batches if b is not None), default=0.0)
+        hi_a = max((b for b in after_batches if b is not None), default=0.0)
+        return Verdict(
+            VerifyReason.NO_DATA,
+            f"The load changed ({lo_b:.0f}–{hi_b:.0f} requests running before, {lo_a:.0f}–{hi_a:.0f} after): "
+            f"{len(norm_b)} window(s) before and {len(norm_a)} after at a common load, {min_windows} each are needed "
+            "to judge the change, so it is kept.",
+            None,
+            False,
+        )
+    verdict = judge(norm_b, norm_a, tolerance=tolerance, z=z, min_windows=min_windows)
+    where = f"at matched load ({len(norm_b)} windows before, {len(norm_a)} after, {len(common)} load band(s))"
+    gain = verdict.realized_gain
+    text = {
+        VerifyReason.REGRESSED: f"Throughput {where} fell to {gain:.3f}× of before, more than the {tolerance:.0%} "
+        "tolerance and beyond noise: rolling back.",
+        VerifyReason.IMPROVED: f"Throughput {where} rose {gain:.3f}×.",
+        VerifyReason.NO_WORSE: f"Throughput {where} changed {gain:.3f}×: within noise or tolerance; kept.",
+    }.get(verdict.reason, verdict.message)
+    return Verdict(verdict.reason, text, gain, verdict.rollback)

@@ -270,8 +270,8 @@ class SimEngine:
         drafts = np.rint(steps * b).astype(np.int64)
         if cfg.off:
             return [
-                SimWindow(float(s0), float(s1), float(n), None, float(bb), float(w))
-                for s0, s1, n, bb, w in zip(starts_s, ends_s, drafts, b, waiting, strict=True)
+                SimWindow(float(s0), float(s1), float(n), None, float(bb), float(w), float(st), 0)
+                for s0, s1, n, bb, w, st in zip(starts_s, ends_s, drafts, b, waiting, step_s, strict=True)
             ]
         ks = cfg.k_at(b)
         survive = self.survival(cfg, self.alpha(str(cfg.draft), t, jitter=True), ks)
@@ -285,7 +285,7 @@ class SimEngine:
             if k == 0:  # a table row with K = 0: plain decoding steps, no drafts
                 spec = SpecCounters(0, 0, 0, (), None)
                 out.append(SimWindow(float(starts_s[i]), float(ends_s[i]), float(n), spec, float(b[i]),
-                                     float(waiting[i])))
+                                     float(waiting[i]), float(step_s[i]), 0))
                 continue
             # Counters at the window's K (as per-step records report it; /metrics alone would show K_max
             # positions and could not tell a short draft from a rejection).
@@ -293,7 +293,7 @@ class SimEngine:
             accepted = sum(per_pos)
             spec = SpecCounters(n, n * k, accepted, per_pos, k, generated_tokens=n + accepted)
             out.append(SimWindow(float(starts_s[i]), float(ends_s[i]), float(n + accepted), spec, float(b[i]),
-                                 float(waiting[i])))
+                                 float(waiting[i]), float(step_s[i]), k))
         return out
 
 
@@ -305,6 +305,8 @@ class SimWindow:
     spec: SpecCounters | None
     batch: float
     waiting: float
+    step_s: float  # the window's step time T(B, K) × noise (what the plugin's per-step records measure)
+    k: int  # tokens drafted per sequence per step
 
 
 def _draft_cost(d: DraftSection, target_step_s: float, per_token_s: float) -> StepCostModel:

@@ -34,9 +34,10 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from collectors.records import EngineKey, WindowRecord
+from collectors.records import EngineKey, StepRecord, WindowRecord
 from policies.acceptance import evidence_from_counters
 from policies.change import ChangeDetectorConfig, ChangeDetectorState, update_change_detector
+from policies.counters import SpecCounters
 from tuner.actuators.base import ApplyStatus, config_fingerprint
 from tuner.config import ConfigError, SpectunerConfig, parse_config
 from tuner.controller.evidence import Evidence, gather_evidence
@@ -126,7 +127,7 @@ class PolicyRun:
 class _Driver:
     """The policy side of the loop: receives windows, acts at decide ticks."""
 
-    def flush(self, records: Sequence[WindowRecord]) -> None: ...
+    def flush(self, records: Sequence[WindowRecord], steps: Sequence[StepRecord] = ()) -> None: ...
 
     def tick(self, now: datetime) -> None: ...
 
@@ -156,8 +157,8 @@ class ControllerDriver(_Driver):
         store.upsert_engine(KEY, seen_at=clock.now)
         self.controller.sync_configs(clock.now, AppliedBy.STARTUP)
 
-    def flush(self, records: Sequence[WindowRecord]) -> None:
-        self.sink.write_windows(records)
+    def flush(self, records: Sequence[WindowRecord], steps: Sequence[StepRecord] = ()) -> None:
+        self.sink.write_windows_and_steps(records, steps)
 
     def tick(self, now: datetime) -> None:
         # As the daemon's decide job: verify, then decide at the same ``now``. When verify rolled a change
@@ -208,8 +209,8 @@ class ThinDriver(_Driver):
         store.record_config(KEY, config_record(actuator.current or {}, clock.now, AppliedBy.STARTUP))
         self.sink = ConfigTaggingSink(store)
 
-    def flush(self, records: Sequence[WindowRecord]) -> None:
-        self.sink.write_windows(records)
+    def flush(self, records: Sequence[WindowRecord], steps: Sequence[StepRecord] = ()) -> None:
+        self.sink.write_windows(records)  # the baselines decide from windows only
 
     def tick(self, now: datetime) -> None:
         current = self.store.current_config(KEY)
@@ -233,6 +234,27 @@ class ThinDriver(_Driver):
 
 def _seed(scenario_seed: int, policy: str) -> np.random.Generator:
     return np.random.default_rng([scenario_seed, 7, zlib.crc32(policy.encode())])
+
+
+def _step(w: Any, key: EngineKey) -> StepRecord | None:
+    """One step per window, as the in-engine plugin would ship it (the plugin ships every step; one
+    sampled step per window keeps a 24 h run fast and gives the controller's step-cost fit its data)."""
+    if w.batch <= 0 or not math.isfinite(w.step_s):
+        return None
+    b = max(1, round(w.batch))
+    k = w.k
+    spec = SpecCounters()
+    if k > 0 and w.spec is not None and w.spec.drafts > 0:
+        per_pos = tuple(round(a * b / w.spec.drafts) for a in w.spec.accepted_per_pos)
+        spec = SpecCounters(b, b * k, sum(per_pos), per_pos, k, generated_tokens=b + sum(per_pos))
+    return StepRecord(
+        ts=T0 + timedelta(seconds=w.end_s),
+        key=key,
+        batch_size=b,
+        step_time_s=w.step_s,
+        spec=spec,
+        num_scheduled_tokens=b * (k + 1),
+    )
 
 
 def _record(w: Any, key: EngineKey) -> WindowRecord:
@@ -305,7 +327,7 @@ def simulate(
             t = horizon
             if driver is None:
                 continue
-            driver.flush([_record(w, KEY) for w in ws])
+            driver.flush([_record(w, KEY) for w in ws], [st for st in (_step(w, KEY) for w in ws) if st is not None])
             clock.now = T0 + timedelta(seconds=t)
             before = actuator.config
             driver.tick(clock.now)

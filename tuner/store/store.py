@@ -15,7 +15,7 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any, cast
 
-from sqlalchemy import Connection, Engine, Table, and_, func, insert, select, update
+from sqlalchemy import Connection, Engine, Table, and_, case, func, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from collectors.records import EngineKey, EngineSample, EventRecord, RequestRecord, StepRecord, WindowRecord
@@ -360,6 +360,25 @@ class Store:
         with self.read_connection() as conn:
             return [R.window_from_row(row, key) for row in conn.execute(query)]
 
+    def load_samples(self, key: EngineKey, since: datetime, until: datetime) -> list[tuple[datetime, float, float]]:
+        """(end, window seconds, requests running) of one engine's windows ending in ``[since, until)``: the
+        load profile alone, three columns instead of whole windows (it is read every decide tick)."""
+        _bounds(since, until)
+        engine_id = self.engine_id(key)
+        if engine_id is None:
+            return []
+        c = windows_t.c
+        query = _range(
+            select(c.start_ts, c.end_ts, c.requests_running).where(
+                c.engine_id == engine_id, c.requests_running.is_not(None)
+            ),
+            c.end_ts,
+            since,
+            until,
+        )
+        with self.read_connection() as conn:
+            return [(row[1], (row[1] - row[0]).total_seconds(), float(row[2])) for row in conn.execute(query)]
+
     def latest_window(self, key: EngineKey) -> WindowRecord | None:
         engine_id = self.engine_id(key)
         if engine_id is None:
@@ -522,6 +541,40 @@ class Store:
             query = query.limit(limit)
         with self.read_connection() as conn:
             return [R.step_from_row(row, key) for row in conn.execute(query)]
+
+    def step_time_groups(
+        self, key: EngineKey, since: datetime, until: datetime
+    ) -> list[tuple[int | None, int, int, float, int]]:
+        """Decode steps of one engine in ``[since, until)`` grouped for a step-cost fit: rows
+        ``(config_id, batch_size, K, mean step time s, steps)``. K is the tokens each sequence drafted
+        (0 for a step without drafts); steps without a time, and steps that also ran a prefill (more
+        tokens scheduled than B·(K+1)), are left out. One grouped query: a day of per-step records is
+        millions of rows, the groups a few hundred."""
+        _bounds(since, until)
+        engine_id = self.engine_id(key)
+        if engine_id is None:
+            return []
+        c = steps_t.c
+        k = case((c.drafts > 0, c.draft_tokens / c.drafts), else_=0)
+        query = (
+            select(c.config_id, c.batch_size, k.label("k"), func.avg(c.step_time_s), func.count())
+            .where(
+                c.engine_id == engine_id,
+                c.ts >= since,
+                c.ts < until,
+                c.step_time_s.is_not(None),
+                c.step_time_s > 0,
+                c.batch_size > 0,
+                c.num_scheduled_tokens.is_(None) | (c.num_scheduled_tokens <= c.batch_size * (k + 1)),
+            )
+            .group_by(c.config_id, c.batch_size, k)
+        )
+        with self.read_connection() as conn:
+            return [
+                (row[0], int(row[1]), int(row[2]), float(row[3]), int(row[4]))
+                for row in conn.execute(query)
+                if row[3] is not None
+            ]
 
     def events(
         self,
@@ -707,11 +760,11 @@ class Store:
         until: datetime | None = None,
         *,
         key: EngineKey | None = None,
-        status: str | None = None,
+        status: str | Sequence[str] | None = None,
         limit: int | None = None,
         newest_first: bool = False,
     ) -> list[StoredDecision]:
-        """Decisions created in ``[since, until)``; optionally one engine or one status."""
+        """Decisions created in ``[since, until)``; optionally one engine, one status or any of several."""
         _bounds(since, until)
         query = _range(select(decisions_t), decisions_t.c.created_at, since, until)
         if key is not None:
@@ -719,8 +772,10 @@ class Store:
             if engine_id is None:
                 return []
             query = query.where(decisions_t.c.engine_id == engine_id)
-        if status is not None:
+        if isinstance(status, str):
             query = query.where(decisions_t.c.status == status)
+        elif status is not None:
+            query = query.where(decisions_t.c.status.in_(list(status)))
         order = (decisions_t.c.created_at, decisions_t.c.id)
         query = query.order_by(*(col.desc() for col in order) if newest_first else order)
         if limit is not None:
