@@ -33,6 +33,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -190,7 +191,8 @@ def run_spectuner(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             candidates.append({"name": name, "model": info.path, "cost_ratio": args.cost_ratio,
                                "prior_alpha": min(max(info.greedy_agreement or 0.5, 0.01), 0.99)})
     policy: dict[str, Any] = {"k_max": args.k_max, "cost_ratio": args.cost_ratio, "evidence_window_s": 30.0,
-                              "load_horizon_s": 60.0}  # the phases are 45 s: judge K on the last minute's load
+                              "load_horizon_s": 60.0,  # the phases are 45 s: judge K on the last minute's load
+                              "step_cost_refit_s": 20.0}  # and read the measured step cells every other tick
     if not args.no_step_cost:  # the lab's T(B, K) fitted from LAB.md's throughput table (docs/simulator.md)
         policy["step_cost"] = {"fixed_s": 0.00208, "per_token_s": 0.0000953, "draft_fixed_s": 0.001566,
                                "draft_per_seq_s": 0.000217}
@@ -222,8 +224,10 @@ def run_spectuner(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             "policy": policy,
             "swap": {"duration_s": 30.0, "min_drafts": 500, "segments": 2},  # phases are short: confirm over 30 s
             "drafts": candidates,
-            "guardrails": {"min_drafts": 200, "min_evidence_s": 15.0, "hysteresis_ticks": 2, "cooldown_s": 60.0,
-                           "max_changes_per_hour": 30, "restart_downtime_s": 75.0, "payback_horizon_s": 3600.0},
+            "guardrails": {"min_drafts": 200, "min_evidence_s": 15.0, "hysteresis_ticks": 2,
+                           "max_changes_per_hour": 30, "restart_downtime_s": 75.0, "payback_horizon_s": 3600.0,
+                           # a live change costs no downtime: wait out the verification (30 s), not a restart's
+                           "cooldown_s": 30.0 if live else 60.0},
             "controller": {"mode": "auto", "collect_interval_s": 3.0, "decide_interval_s": 10.0,
                            "health_interval_s": 10.0, "verify_window_s": 30.0},
             "database": {"url": db_url},
@@ -258,6 +262,9 @@ def run_spectuner(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         keys = [e.key for e in store.engines()]
         configs = [c for key in keys[:1] for c in store.configs(key)]
         decisions = store.decisions()
+    if args.keep_db is not None:  # the daemon's database (windows, per-step records, decisions) for a post-mortem
+        args.keep_db.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(run_dir / "spectuner.db", args.keep_db)
     decided = {d.id: d.decision.created_at.timestamp() for d in decisions}
     changes = [
         {
@@ -437,6 +444,7 @@ def main() -> int:
                         help="how spectuner applies changes: restart the engine, or set K tables live (plugin)")
     parser.add_argument("--fixed-from", type=Path, default=None,
                         help="reuse the fixed runs of an earlier result JSON (same machine, same workload)")
+    parser.add_argument("--keep-db", type=Path, default=None, help="copy spectuner's database here at the end")
     args = parser.parse_args()
     load_before = [round(x, 2) for x in os.getloadavg()]
     runs: dict[str, dict[str, Any]] = {}

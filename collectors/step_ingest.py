@@ -347,11 +347,17 @@ class StepIngestServer:
 
             def _answer(self, status: int, payload: dict[str, Any]) -> None:
                 body = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                try:
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                except (BrokenPipeError, ConnectionResetError):
+                    # the plugin gave up waiting (its 2 s timeout on a starved host): the batch is stored all
+                    # the same, and the plugin, which never resends, counted it as dropped
+                    self.close_connection = True
+                    log.info("step ingest: the plugin closed its connection before the answer (%d)", status)
 
             def do_POST(self) -> None:
                 if ingest._stopped:

@@ -102,7 +102,9 @@ def evaluate_k(snapshot: KChoiceSnapshot, k: int) -> KOption:
     # log-scale sd of E from its interval, and of T(B,0)/T(B,K) from the fit's covariance
     sd_e = (math.log(max(e_hi, 1e-12)) - math.log(max(e_lo, 1e-12))) / (2.0 * z)
     sd_t = 0.0
-    if model.covariance is not None and k > 0:
+    # the fit's covariance says nothing of a measured cell's mean (both cells measured: E alone is uncertain)
+    measured = model.is_measured(b, k) or model.is_measured(b, 0)
+    if model.covariance is not None and k > 0 and not measured:
         x = design_matrix(np.array([b, b], float), np.array([k, 0], float))
         g = x[0] / t_k - x[1] / t_0
         sd_t = math.sqrt(max(float(g @ np.array(model.covariance) @ g), 0.0))

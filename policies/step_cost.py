@@ -11,13 +11,18 @@ is c(B) = (draft_fixed_s + draft_per_seq_s·B) / (fixed_s + per_token_s·B), Lev
 
 The tuner supplies the arrays (from per-step records, from windows as mean step time weighted by the
 number of steps, and from a calibration sweep); this module never touches the store.
+
+A linear T(B, K) cannot follow an engine's quirks (the lab's CPU engine decodes 4 sequences without drafts
+at 3× the cost of 1, and a K = 0 step inside an engine that loaded a draft costs more than a step of an
+engine without one). :func:`with_measured_cells` therefore lays this engine's measured mean step times,
+per batch-size band and K, over the model: measured where measured, the model elsewhere.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from statistics import NormalDist
 from typing import Any
@@ -76,6 +81,14 @@ class StepCostModel:
     @property
     def parameters(self) -> NDArray[np.float64]:
         return np.array([self.fixed_s, self.per_token_s, self.draft_fixed_s, self.draft_per_seq_s])
+
+    def is_measured(self, batch_size: float, k: int) -> bool:
+        """True where T(B, K) is a measured mean, not the model's prediction (see MeasuredStepCost)."""
+        return False
+
+    def linear(self) -> StepCostModel:
+        """The linear model alone (a MeasuredStepCost's cells belong to one engine and its draft)."""
+        return self
 
     def step_time_s(self, batch_size: float, k: int) -> float:
         """Predicted T(B, K)."""
@@ -338,5 +351,153 @@ def _cost_ratio_interval(model: StepCostModel, cov: NDArray[np.float64], confide
 
 def step_times_table(model: StepCostModel, batch_sizes: Sequence[int], k_max: int) -> NDArray[np.float64]:
     """T(B, K) for every listed B (rows) and K = 0..k_max (columns)."""
+    if isinstance(model, MeasuredStepCost) and model.cells:
+        return np.array([[model.step_time_s(b, k) for k in range(k_max + 1)] for b in batch_sizes], float)
     bb, kk = np.meshgrid(np.asarray(batch_sizes, float), np.arange(k_max + 1, dtype=float), indexing="ij")
     return (design_matrix(bb.ravel(), kk.ravel()) @ model.parameters).reshape(bb.shape)
+
+
+# Batch-size bands of measured cells: geometric, 25 % wide (policies.choose_k.load_bins uses the same width),
+# so that B = 14 and B = 16 share a cell while B = 1, 2 and 4 do not.
+CELL_RATIO = 1.25
+
+
+def batch_cell(batch_size: float) -> int:
+    """The band index of a batch size: floor(log_1.25 B), B < 1 counted as 1."""
+    return math.floor(math.log(max(batch_size, 1.0)) / math.log(CELL_RATIO) + 1e-9)
+
+
+@dataclass(frozen=True)
+class MeasuredCell:
+    """Measured steps of one (batch-size band, K): their total time over the model's prediction for them."""
+
+    cell: int
+    k: int
+    factor: float  # Σ measured step time / Σ model T(B, K) over the cell's steps
+    steps: int
+    mean_batch_size: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "batch_from": CELL_RATIO**self.cell,
+            "batch_to": CELL_RATIO ** (self.cell + 1),
+            "k": self.k,
+            "factor": self.factor,
+            "steps": self.steps,
+            "mean_batch_size": self.mean_batch_size,
+        }
+
+
+@dataclass(frozen=True)
+class MeasuredStepCost(StepCostModel):
+    """A :class:`StepCostModel` corrected by measured cells: in a (band, K) cell with enough steps,
+    T(B, K) = the model's T(B, K) × the cell's measured/predicted factor, so that the measured mean is
+    reproduced at the cell's batch sizes and the model's slope within the band is kept. Elsewhere
+    T(B, K) = the model's × the measured/predicted ratio over the cells of the same kind — steps without
+    drafts (``scale_no_draft``) or with drafts (``scale``) — or over all cells when that kind has none.
+    A model pinned from another machine so keeps its shape but takes this engine's level, and an
+    unmeasured K does not look cheap merely because the model is (which would make the policy try every
+    K in turn). The two kinds have their own level because a loaded draft still runs at K = 0 (the lab
+    engine: 11.4 ms at B = 1, K = 0, against 5.8 ms without a draft) — a cost no K·(…) term can carry."""
+
+    cells: tuple[MeasuredCell, ...] = ()
+    scale: float = 1.0  # unmeasured K > 0
+    scale_no_draft: float = 1.0  # unmeasured K = 0
+    _factors: dict[tuple[int, int], float] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        object.__setattr__(self, "_factors", {(c.cell, c.k): c.factor for c in self.cells})
+
+    def is_measured(self, batch_size: float, k: int) -> bool:
+        return (batch_cell(batch_size), k) in self._factors
+
+    def linear(self) -> StepCostModel:
+        return StepCostModel(
+            self.fixed_s,
+            self.per_token_s,
+            self.draft_fixed_s,
+            self.draft_per_seq_s,
+            self.covariance,
+            self.residual_std_s,
+        )
+
+    def step_time_s(self, batch_size: float, k: int) -> float:
+        base = super().step_time_s(batch_size, k)
+        default = self.scale if k > 0 else self.scale_no_draft
+        return base * self._factors.get((batch_cell(batch_size), k), default)
+
+    def step_time_interval_s(self, batch_size: float, k: int, confidence: float = 0.95) -> tuple[float, float]:
+        if self.is_measured(batch_size, k):
+            mean = self.step_time_s(batch_size, k)
+            return (mean, mean)
+        return super().step_time_interval_s(batch_size, k, confidence)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **super().to_dict(),
+            "scale": self.scale,
+            "scale_no_draft": self.scale_no_draft,
+            "measured_cells": [c.to_dict() for c in self.cells],
+        }
+
+
+def with_measured_cells(
+    model: StepCostModel,
+    batch_size: ArrayLike,
+    k: ArrayLike,
+    step_time_s: ArrayLike,
+    steps: ArrayLike,
+    min_steps: int,
+) -> StepCostModel:
+    """``model`` corrected by every (batch-size band, K) cell holding at least ``min_steps`` steps.
+
+    The rows are groups of steps (batch size, K, mean step time in seconds, number of steps), as
+    ``Store.step_time_groups`` returns them. ``model`` must be in seconds (fitted or pinned, not a bare
+    cost ratio), since a cell's factor is measured seconds over predicted ones. Returns ``model`` itself
+    when no cell qualifies.
+    """
+    if min_steps < 1:
+        raise ValueError(f"min_steps must be ≥ 1 but got {min_steps!r}")
+    b = np.asarray(batch_size, float).ravel()
+    kk = np.asarray(k, float).ravel()
+    t = np.asarray(step_time_s, float).ravel()
+    n = np.asarray(steps, float).ravel()
+    if not (b.size == kk.size == t.size == n.size):
+        raise ValueError(
+            f"batch_size, k, step_time_s and steps differ in length ({b.size}, {kk.size}, {t.size}, {n.size})"
+        )
+    base = model.parameters  # the linear model's, also under a MeasuredStepCost (its cells are replaced)
+    keep = np.isfinite(b) & np.isfinite(kk) & np.isfinite(t) & np.isfinite(n) & (b >= 1) & (kk >= 0) & (t > 0) & (n > 0)
+    totals: dict[tuple[int, int], list[float]] = {}
+    for bi, ki, ti, ni in zip(b[keep], kk[keep], t[keep], n[keep], strict=True):
+        key = (batch_cell(float(bi)), round(float(ki)))
+        predicted = float(design_matrix(np.array([bi]), np.array([float(key[1])]))[0] @ base)
+        acc = totals.setdefault(key, [0.0, 0.0, 0.0, 0.0])  # Σ n·t, Σ n·T_model, Σ n, Σ n·B
+        acc[0] += ni * ti
+        acc[1] += ni * predicted
+        acc[2] += ni
+        acc[3] += ni * bi
+    qualified = [(key, acc) for key, acc in sorted(totals.items()) if acc[2] >= min_steps and acc[1] > 0]
+    if not qualified:
+        return model
+    cells = tuple(
+        MeasuredCell(cell, kc, float(acc[0] / acc[1]), int(acc[2]), float(acc[3] / acc[2]))
+        for (cell, kc), acc in qualified
+    )
+
+    def level(rows: list[tuple[tuple[int, int], list[float]]]) -> float | None:
+        return sum(acc[0] for _, acc in rows) / sum(acc[1] for _, acc in rows) if rows else None
+
+    overall = level(qualified) or 1.0
+    drafting = level([(key, acc) for key, acc in qualified if key[1] > 0])
+    plain_steps = level([(key, acc) for key, acc in qualified if key[1] == 0])
+    plain = {name: getattr(model, name) for name in PARAMETER_NAMES}
+    return MeasuredStepCost(
+        **plain,
+        covariance=model.covariance,
+        residual_std_s=model.residual_std_s,
+        cells=cells,
+        scale=float(drafting if drafting is not None else overall),
+        scale_no_draft=float(plain_steps if plain_steps is not None else overall),
+    )

@@ -212,7 +212,9 @@ class PolicySection(_Section):
     max_batch_size: int = Field(default=16, ge=1, le=4096, description="the table's last row (vLLM --max-num-seqs)")
     target_params: int | None = Field(default=None, gt=0, description="target parameters (cost ratio of drafts)")
     step_cost: StepCostSection | None = Field(
-        default=None, description="pin T(B, K); omit to fit it from the plugin's per-step records"
+        default=None,
+        description="pin T(B, K) instead of fitting it from the plugin's per-step records (cells this engine "
+        "has measured still replace it there, see step_cost_cell_min_steps)",
     )
     step_cost_fit: bool = Field(
         default=True,
@@ -221,6 +223,18 @@ class PolicySection(_Section):
     )
     step_cost_horizon_s: float = Field(default=86400.0, gt=0, description="how far back steps count for the fit")
     step_cost_min_steps: int = Field(default=30, ge=3, description="decode steps needed before the fit is used")
+    step_cost_refit_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="how long a fit and its measured cells are kept before the steps are read again (a swap "
+        "refits at once); each refit is one grouped query over step_cost_horizon_s",
+    )
+    step_cost_cell_min_steps: int = Field(
+        default=50,
+        ge=1,
+        description="decode steps a (batch-size band, K) cell of the running engine needs before its measured "
+        "mean step time replaces the model's T(B, K) there (needs [plugin] and step_cost_fit)",
+    )
 
 
 class DraftCandidateSection(_Section):

@@ -156,7 +156,12 @@ def controller_settings(config: SpectunerConfig) -> ControllerSettings:
         regression_tolerance=c.regression_tolerance,
         history_s=config.swap.history_s,
         step_cost_fit=(
-            StepCostFitSettings(horizon_s=p.step_cost_horizon_s, min_steps=p.step_cost_min_steps)
+            StepCostFitSettings(
+                horizon_s=p.step_cost_horizon_s,
+                min_steps=p.step_cost_min_steps,
+                cell_min_steps=p.step_cost_cell_min_steps,
+                refit_interval_s=p.step_cost_refit_s,
+            )
             if p.step_cost_fit
             else None
         ),

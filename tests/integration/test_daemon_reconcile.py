@@ -19,6 +19,7 @@ from tuner.controller.evidence import LoadProfile
 from tuner.controller.guardrails import GuardrailSettings
 from tuner.controller.policy import PolicySettings
 from tuner.controller.reconcile import CHANGE, Controller, ControllerSettings, config_record
+from tuner.controller.step_cost import StepCostFitSettings
 from tuner.store import AppliedBy, DecisionRecord, DecisionStatus, Store
 
 URL = "http://127.0.0.1:8000/metrics"
@@ -474,7 +475,34 @@ def test_a_pinned_step_cost_is_not_refitted(world: tuple[Store, FakeClock, FakeA
     assert ctl.decide(clock.advance(60)).action == "blocked"
     assert ctl.decide(clock.advance(60)).action == "applied"
     assert act.applied == [K8]
-    assert store.decisions()[-1].decision.inputs["step_cost"] is None
+    step_cost = store.decisions()[-1].decision.inputs["step_cost"]
+    assert step_cost["source"] == "pinned" and "pinned by [policy.step_cost]" in step_cost["message"]
+    assert StepCostModel.from_dict(step_cost["model"]).parameters.tolist() == pinned.step_cost.parameters.tolist()
+
+
+def test_cells_this_engine_measured_overrule_a_pinned_model(world: tuple[Store, FakeClock, FakeActuator]) -> None:
+    """The pinned model (verifying is free) says K = 8; this engine's own steps at K = 0, 2 and 8 say every
+    drafted token costs a full target pass: the controller believes its steps and turns speculation off."""
+    store, clock, act = world
+    current = store.current_config(KEY)
+    assert current is not None
+    truth = StepCostModel.from_cost_ratio(0.05, target_step_s=0.001, per_token_s=0.01)
+    for i, k in enumerate((0, 2, 8)):
+        write_steps(store, T0 + timedelta(seconds=10 * i), k=k, step_s=lambda b, k=k: truth.step_time_s(b, k),
+                    config_id=current.id)
+    pinned = PolicySettings(k_max=8, cost_ratio=0.05, step_cost=StepCostModel.from_cost_ratio(0.05))
+    fit = StepCostFitSettings(cell_min_steps=40)  # write_steps gives each (B, K) 40 steps
+    ctl = controller(store, act, clock, policy=pinned, step_cost_fit=fit)
+    ctl.decide(clock.advance(60))
+    ctl.decide(clock.advance(60))
+    decision = store.decisions()[-1].decision
+    step_cost = decision.inputs["step_cost"]
+    assert step_cost["source"] == "pinned + measured cells", step_cost
+    cells = step_cost["model"]["measured_cells"]
+    assert sorted({c["k"] for c in cells}) == [0, 2, 8] and len(cells) == 12  # B = 1, 2, 4, 8 × K = 0, 2, 8
+    assert "measured on this engine (12 cells;" in step_cost["message"]
+    assert decision.proposed_config == {"method": "off", "num_speculative_tokens": 0}
+    assert K8 not in act.applied
 
 
 def test_load_profile_is_topped_up_without_double_counting(db_url: str) -> None:

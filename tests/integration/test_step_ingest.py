@@ -202,3 +202,29 @@ def test_stopping_the_sidecar_closes_keep_alive_connections() -> None:
             assert again.stats.plugin_dropped >= 1
     finally:
         shipper.close()
+
+
+def test_a_plugin_that_hangs_up_before_the_answer_loses_no_steps(capfd: pytest.CaptureFixture[str]) -> None:
+    """The plugin's POST times out on a starved host and it closes the socket (RST): the batch is still
+    stored, and the server neither prints a traceback nor stops serving."""
+    import socket
+    import struct
+    from urllib.parse import urlsplit
+
+    sink = ListSink()
+    with StepIngestServer(sink, ENGINE_URL) as ingest:
+        parts = urlsplit(ingest.url)
+        body = batch([wire_step(i) for i in range(50)])
+        for _ in range(3):
+            with socket.create_connection((parts.hostname, parts.port), timeout=5) as sock:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close = RST
+                head = f"POST {parts.path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+                sock.sendall(head + body)
+        deadline = time.monotonic() + 10
+        while len(sink.steps) < 150 and time.monotonic() < deadline:
+            assert ingest.writer.flush(1)
+            time.sleep(0.05)
+        assert len(sink.steps) == 150
+        status, answer = post(ingest.url, batch([wire_step(99)]))  # and it still serves
+        assert status == 200 and answer["accepted"] == 1
+    assert "Traceback" not in capfd.readouterr().err

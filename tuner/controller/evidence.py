@@ -46,6 +46,7 @@ class Evidence:
     # T(B, K) fitted from the plugin's per-step records (tuner.controller.step_cost); None: not enough steps
     step_cost: StepCostModel | None = None
     step_cost_note: str | None = None
+    step_cost_source: str = "fitted"  # "fitted", "pinned" or either "+ measured cells"
     # (duration s, requests running) per window over the controller's load horizon, under any config:
     # the load one K must serve (empty: judge K at the mean batch of the evidence window)
     load_profile: tuple[tuple[float, float], ...] = ()
@@ -71,7 +72,7 @@ class Evidence:
             "window_batches": list(self.window_batches),
             "mean_batch_size": self.mean_batch_size,
             "step_cost": (
-                {"source": "fitted", "model": self.step_cost.to_dict(), "message": self.step_cost_note}
+                {"source": self.step_cost_source, "model": self.step_cost.to_dict(), "message": self.step_cost_note}
                 if self.step_cost is not None
                 else None
             ),
@@ -192,9 +193,7 @@ def gather_evidence(
 def window_batches(windows: Sequence[WindowRecord]) -> tuple[float | None, ...]:
     """Requests running per window, aligned with :func:`summarize`'s rates (None where not scraped)."""
     return tuple(
-        float(w.requests_running)
-        if w.requests_running is not None and math.isfinite(w.requests_running)
-        else None
+        float(w.requests_running) if w.requests_running is not None and math.isfinite(w.requests_running) else None
         for w in windows
         if w.duration_s > 0
     )

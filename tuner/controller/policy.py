@@ -1,8 +1,9 @@
 """From evidence to a proposal: the K policy (``policies.choose_k``) applied to the current config.
 
 Purely computational given an :class:`~tuner.controller.evidence.Evidence`. The step-cost model T(B, K)
-is the config's ``[policy.step_cost]`` when pinned, else the one the controller fitted from the plugin's
-per-step records (``evidence.step_cost``), else Leviathan's model from the cost ratio.
+is the one the controller built from the plugin's per-step records (``evidence.step_cost``: the config's
+pinned ``[policy.step_cost]`` or the fit, with this engine's measured cells laid over it), else the pinned
+model, else Leviathan's model from the cost ratio.
 """
 
 from __future__ import annotations
@@ -53,11 +54,12 @@ class PolicySettings:
     swap: DraftTriggerConfig | None = None  # None: never swap drafts
 
     def step_cost_model(self, evidence: Evidence | None = None) -> StepCostModel:
-        """The config's pinned T(B, K), else the one fitted from the plugin's steps, else Leviathan's."""
-        if self.step_cost is not None:
-            return self.step_cost
+        """The controller's T(B, K) from the plugin's steps (the pinned model or the fit, under this engine's
+        measured cells), else the config's pinned one, else Leviathan's."""
         if evidence is not None and evidence.step_cost is not None:
             return evidence.step_cost
+        if self.step_cost is not None:
+            return self.step_cost
         return StepCostModel.from_cost_ratio(self.cost_ratio)
 
 
@@ -118,10 +120,7 @@ def propose_k(evidence: Evidence, settings: PolicySettings) -> PolicyOutcome:
         value = {k: g.tokens_per_s for k, g in scores.items()}
         interval = {k: g.interval for k, g in scores.items()}
         seconds = sum(s for s, _ in bins)
-        over = (
-            f"Over the load of the last {seconds:.0f} s (batch {bins[0][1]:.0f}–{bins[-1][1]:.0f}, weighted by "
-            "time)"
-        )
+        over = f"Over the load of the last {seconds:.0f} s (batch {bins[0][1]:.0f}–{bins[-1][1]:.0f}, weighted by time)"
         details["load_bins"] = [[round(s, 1), round(b, 2)] for s, b in bins]
     else:
         value = {o.k: o.speedup for o in decision.by_k}
@@ -414,7 +413,7 @@ def _table_for(
         KTableSnapshot(
             now=evidence.now,
             acceptance=model,
-            step_cost=settings.step_cost_model(evidence),
+            step_cost=settings.step_cost_model(evidence).linear(),  # the running draft's cells are not its
             max_batch_size=settings.max_batch_size,
             k_max=settings.k_max,
             draft=_footprint(candidate, settings),

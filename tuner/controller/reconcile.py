@@ -46,7 +46,7 @@ from tuner.controller.guardrails import (
     next_streak,
 )
 from tuner.controller.policy import PolicyOutcome, PolicySettings, propose
-from tuner.controller.step_cost import StepCostFitSettings, config_specs, draft_identity, fitted_step_cost
+from tuner.controller.step_cost import StepCostFitSettings, config_specs, draft_identity, step_cost_from_steps
 from tuner.controller.verify import judge_at_matched_load
 from tuner.store import AppliedBy, DecisionRecord, DecisionStatus, EngineConfigRecord, Store, StoredConfig
 
@@ -132,7 +132,7 @@ class Controller:
         self._history_cache: dict[int, AcceptanceEvidence] = {}  # α evidence of ended config periods
         self._load_profile = LoadProfile()
         # (fitted at, running draft, T(B, K) and its note): refitted every refit_interval_s or on a swap
-        self._step_cost_cache: tuple[datetime, tuple[Any, Any], tuple[StepCostModel, str] | None] | None = None
+        self._step_cost_cache: tuple[datetime, tuple[Any, Any], tuple[StepCostModel, str, str] | None] | None = None
         # decide/verify/sync run on scheduler threads: one at a time, so a config recorded by an apply
         # is never raced by the collector's sync recording the same config as "observed".
         self.lock = threading.RLock()
@@ -460,15 +460,17 @@ class Controller:
         spec = spec_config_of(current)
         running, everyone = current_candidate(spec, candidates, self.settings.policy.cost_ratio)
         fit = self.settings.step_cost_fit
-        if fit is not None and self.settings.policy.step_cost is None:
+        if fit is not None:
             ratio = running.cost_ratio_for(self.settings.policy.target_params) if running is not None else None
             cached = self._step_cost_cache
-            if cached is not None and cached[1] == draft_identity(spec) and now - cached[0] < timedelta(
-                seconds=fit.refit_interval_s
+            if (
+                cached is not None
+                and cached[1] == draft_identity(spec)
+                and now - cached[0] < timedelta(seconds=fit.refit_interval_s)
             ):
                 fitted = cached[2]
             else:
-                fitted = fitted_step_cost(
+                fitted = step_cost_from_steps(
                     self.store,
                     keys,
                     spec,
@@ -476,10 +478,11 @@ class Controller:
                     now,
                     fit,
                     self.settings.policy.cost_ratio if ratio is None else ratio,
+                    pinned=self.settings.policy.step_cost,
                 )
                 self._step_cost_cache = (now, draft_identity(spec), fitted)
             if fitted is not None:
-                evidence = replace(evidence, step_cost=fitted[0], step_cost_note=fitted[1])
+                evidence = replace(evidence, step_cost=fitted[0], step_cost_note=fitted[1], step_cost_source=fitted[2])
         if swap is None or not candidates:
             return evidence
         return replace(

@@ -10,7 +10,9 @@ duration, so the controller refits T(B, K) each tick from the last ``horizon_s``
 - with two or more K the full model (``policies.step_cost.fit_step_cost``); with one K the target's
   two parameters, the draft's part taken as the running candidate's cost ratio c × the target's.
 
-A ``[policy.step_cost]`` in the config pins the model instead (an operator's measurement wins).
+A ``[policy.step_cost]`` in the config pins the model instead of the fit (an operator's measurement wins
+over a fit). Either way, (batch band, K) cells this engine has run often enough replace the model by
+their measured mean: a linear T(B, K) misses engine quirks that decide K (see docs/controller.md).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from collectors.records import EngineKey
-from policies.step_cost import StepCostFit, StepCostModel, fit_step_cost
+from policies.step_cost import MeasuredStepCost, StepCostFit, StepCostModel, fit_step_cost, with_measured_cells
 from tuner.controller.evidence import spec_config_of
 from tuner.store import Store
 
@@ -30,14 +32,15 @@ from tuner.store import Store
 class StepCostFitSettings:
     horizon_s: float = 86400.0  # how far back steps count (the target's cost does not drift; variety does help)
     min_steps: int = 30  # fewer decode steps with a time than this: no fit (the config's model is used)
-    refit_interval_s: float = 900.0  # the fit is kept this long (a day of steps is not reread every tick)
+    refit_interval_s: float = 300.0  # the fit and cells are kept this long (one grouped query per refit)
+    cell_min_steps: int = 50  # steps a (batch band, K) cell needs before its measured mean replaces the model
 
 
 def draft_identity(spec: Mapping[str, Any]) -> tuple[Any, Any]:
     return spec.get("method"), spec.get("model")
 
 
-def fitted_step_cost(
+def step_cost_from_steps(
     store: Store,
     keys: Sequence[EngineKey],
     current: Mapping[str, Any],
@@ -45,32 +48,54 @@ def fitted_step_cost(
     now: datetime,
     settings: StepCostFitSettings,
     cost_ratio: float,
-) -> tuple[StepCostModel, str] | None:
-    """T(B, K) of the running draft fitted from the last ``horizon_s`` of steps, or None when the steps
-    are too few (or the plugin is not configured). ``spec_of`` maps config id → its speculative config."""
+    pinned: StepCostModel | None = None,
+) -> tuple[StepCostModel, str, str] | None:
+    """(model, note, source) for the running draft from the last ``horizon_s`` of steps, or None when the
+    steps are too few (or the plugin is not configured) and nothing is pinned. ``spec_of`` maps config
+    id → its speculative config.
+
+    The base is ``pinned`` when given, else T(B, K) fitted from the running draft's steps at any K plus
+    steps without drafts under any config. Over it lie the measured cells of the running draft's engine
+    (``policies.step_cost.with_measured_cells``): only its own steps, K = 0 included, because a step
+    without drafts costs more in an engine that loaded a draft than in one that did not.
+    """
     since = now - timedelta(seconds=settings.horizon_s)
     until = now + timedelta(microseconds=1)
     draft = draft_identity(current)
-    batch: list[float] = []
-    ks: list[float] = []
-    times: list[float] = []
-    weights: list[float] = []
+    fit_rows: list[tuple[float, float, float, float]] = []
+    cell_rows: list[tuple[float, float, float, float]] = []
     for key in keys:
         for config_id, b, k, mean_s, n in store.step_time_groups(key, since, until):
             spec = spec_of.get(config_id) if config_id is not None else None
-            if k > 0 and (spec is None or draft_identity(spec) != draft):
-                continue  # another draft's cost
-            batch.append(float(b))
-            ks.append(float(k))
-            times.append(mean_s)
-            weights.append(float(n))
-    steps = int(sum(weights))
-    if steps < settings.min_steps:
+            same_draft = spec is not None and draft_identity(spec) == draft
+            if same_draft:
+                cell_rows.append((float(b), float(k), mean_s, float(n)))
+            if k == 0 or same_draft:
+                fit_rows.append((float(b), float(k), mean_s, float(n)))
+    steps = int(sum(r[3] for r in fit_rows))
+    if pinned is not None:
+        base, note, source = pinned, "T(B, K) pinned by [policy.step_cost]", "pinned"
+    elif steps < settings.min_steps:
         return None
-    fit: StepCostFit = fit_step_cost(batch, ks, times, weights, draft_cost_ratio=cost_ratio)
-    if fit.model is None:
-        return None
-    return fit.model, f"T(B, K) fitted from {steps} steps: {fit.message}"
+    else:
+        batch, ks, times, weights = (list(col) for col in zip(*fit_rows, strict=True))
+        fit: StepCostFit = fit_step_cost(batch, ks, times, weights, draft_cost_ratio=cost_ratio)
+        if fit.model is None:
+            return None
+        base, note, source = fit.model, f"T(B, K) fitted from {steps} steps: {fit.message}", "fitted"
+    if cell_rows:
+        batch, ks, times, weights = (list(col) for col in zip(*cell_rows, strict=True))
+        model = with_measured_cells(base, batch, ks, times, weights, settings.cell_min_steps)
+        if isinstance(model, MeasuredStepCost):
+            cells = ", ".join(
+                f"B {c.mean_batch_size:.1f} K={c.k}: ×{c.factor:.2f} ({c.steps} steps)" for c in model.cells
+            )
+            note += (
+                f"; measured on this engine ({len(model.cells)} cells; elsewhere the model × {model.scale:.2f}"
+                f" with drafts, × {model.scale_no_draft:.2f} without): {cells}"
+            )
+            return model, note, f"{source} + measured cells"
+    return base, note, source
 
 
 def config_specs(store: Store, keys: Sequence[EngineKey], now: datetime, horizon_s: float) -> dict[int, dict[str, Any]]:
