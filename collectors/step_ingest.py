@@ -339,6 +339,15 @@ class StepIngestServer:
                 with ingest._conns_lock:
                     ingest._conns.add(self.connection)
 
+            def handle(self) -> None:
+                try:
+                    super().handle()
+                except (BrokenPipeError, ConnectionResetError):
+                    # the plugin hung up (its timeout on a starved host, or its engine exiting) between or
+                    # during requests: nothing to answer, and nothing for socketserver to print
+                    self.close_connection = True
+                    log.info("step ingest: the plugin reset its connection")
+
             def finish(self) -> None:
                 with ingest._conns_lock:
                     ingest._conns.discard(self.connection)

@@ -215,11 +215,13 @@ def test_a_plugin_that_hangs_up_before_the_answer_loses_no_steps(capfd: pytest.C
     with StepIngestServer(sink, ENGINE_URL) as ingest:
         parts = urlsplit(ingest.url)
         body = batch([wire_step(i) for i in range(50)])
-        for _ in range(3):
+        # at once: the reset hits the answer; after 0.3 s: it hits the keep-alive wait for the next request
+        for delay_s in (0.0, 0.3, 0.3):
             with socket.create_connection((parts.hostname, parts.port), timeout=5) as sock:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close = RST
                 head = f"POST {parts.path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode()
                 sock.sendall(head + body)
+                time.sleep(delay_s)
         deadline = time.monotonic() + 10
         while len(sink.steps) < 150 and time.monotonic() < deadline:
             assert ingest.writer.flush(1)

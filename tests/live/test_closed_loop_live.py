@@ -89,14 +89,21 @@ def applied(store: Store) -> list[StoredDecision]:
     return [d for d in changes(store) if d.status in (DecisionStatus.APPLIED, DecisionStatus.VERIFIED)]
 
 
-def k_per_step(store: Store, since: Any) -> list[tuple[float, float]]:
-    """(requests running, drafted tokens per draft) of every window with drafts since ``since``."""
+def drafted_per_token(store: Store, since: Any) -> list[tuple[float, float]]:
+    """(requests running, drafted tokens per generated token) of every window since ``since``.
+
+    Not drafted tokens per draft: that is 1.0 for a window holding a single step at batch 1 (the table's
+    K = 1) among hundreds at batch 16 drafting nothing — and 16 closed-loop requests of equal length end
+    and restart together, so such steps are common. Per generated token, K = 1 alone gives ~0.5, K = 0
+    at 16 streams ~0."""
     out = []
     for e in store.engines():
         for w in store.windows(e.key, since=since):
+            if w.generation_tokens <= 0:
+                continue
             running = w.requests_running or 0.0
-            drafted = w.spec.draft_tokens / w.spec.drafts if w.spec is not None and w.spec.drafts else 0.0
-            out.append((running, drafted))
+            drafted = w.spec.draft_tokens if w.spec is not None else 0.0
+            out.append((running, drafted / w.generation_tokens))
     return out
 
 
@@ -185,13 +192,14 @@ def test_weak_draft_failed_candidate_crash_swap_and_table(lab_models: Manifest, 
             time.sleep(20)
             stats = load.stop()
             table16 = next(p for p in stats if p.phase == "good + table, 16 streams")
-            steps = k_per_step(store, swapped_at + timedelta(seconds=5))
+            steps = drafted_per_token(store, swapped_at + timedelta(seconds=5))
             busy = sorted(k for r, k in steps if r >= 12)  # the gauge is read at the window's end
             alone = sorted(k for r, k in steps if r <= 1.5)
             print(  # the figures for the notes (pytest -s)
                 f"\nswap after {swap_s:.0f} s of trying; fixed start at 16 streams {fixed16.tokens_per_s:.0f} tok/s, "
-                f"good + table at 16 streams {table16.tokens_per_s:.0f} tok/s; table {table}; drafted per step: "
-                f"alone {alone}, busy {busy}"
+                f"good + table at 16 streams {table16.tokens_per_s:.0f} tok/s; table {table}; "
+                "drafted per generated token: "
+                f"alone {[round(x, 3) for x in alone]}, busy {[round(x, 3) for x in busy]}"
             )
             later = [d for d in applied(store) if d.id != swap.id and d.decision.created_at > swapped_at]
             assert later == [], [d.decision.message for d in later]
@@ -199,7 +207,7 @@ def test_weak_draft_failed_candidate_crash_swap_and_table(lab_models: Manifest, 
             assert table16.tokens_per_s > fixed16.tokens_per_s, (table16.tokens_per_s, fixed16.tokens_per_s)
             # the table follows the load: drafts at one stream, (almost) none at 16 — a window that spans
             # the ramp from 1 to 16 streams still holds some steps at low batch
-            assert alone and busy and alone[len(alone) // 2] >= 1 and busy[len(busy) // 2] == 0, steps
+            assert alone and busy and alone[len(alone) // 2] > 0.3 and busy[len(busy) // 2] < 0.1, steps
             resets = [e for e in store.events() if e.kind == "counter_reset"]
             assert len(resets) >= 2  # the restarts, seen by the collector as counter resets
             # the ladder straddles 0.4: weak's upper bound was below it (step 2), good's α̂ is far above
