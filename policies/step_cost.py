@@ -467,17 +467,17 @@ def with_measured_cells(
         raise ValueError(
             f"batch_size, k, step_time_s and steps differ in length ({b.size}, {kk.size}, {t.size}, {n.size})"
         )
-    base = model.parameters  # the linear model's, also under a MeasuredStepCost (its cells are replaced)
     keep = np.isfinite(b) & np.isfinite(kk) & np.isfinite(t) & np.isfinite(n) & (b >= 1) & (kk >= 0) & (t > 0) & (n > 0)
+    b, kk, t, n = b[keep], np.round(kk[keep]), t[keep], n[keep]
+    # the linear model's T(B, K), also under a MeasuredStepCost (whose cells are replaced)
+    predicted = design_matrix(b, kk) @ model.parameters
     totals: dict[tuple[int, int], list[float]] = {}
-    for bi, ki, ti, ni in zip(b[keep], kk[keep], t[keep], n[keep], strict=True):
-        key = (batch_cell(float(bi)), round(float(ki)))
-        predicted = float(design_matrix(np.array([bi]), np.array([float(key[1])]))[0] @ base)
-        acc = totals.setdefault(key, [0.0, 0.0, 0.0, 0.0])  # Σ n·t, Σ n·T_model, Σ n, Σ n·B
-        acc[0] += ni * ti
-        acc[1] += ni * predicted
-        acc[2] += ni
-        acc[3] += ni * bi
+    for bi, ki, ti, ni, pi in zip(b, kk, t, n, predicted, strict=True):
+        acc = totals.setdefault((batch_cell(float(bi)), int(ki)), [0.0, 0.0, 0.0, 0.0])  # Σ n·t, Σ n·T, Σ n, Σ n·B
+        acc[0] += float(ni * ti)
+        acc[1] += float(ni * pi)
+        acc[2] += float(ni)
+        acc[3] += float(ni * bi)
     qualified = [(key, acc) for key, acc in sorted(totals.items()) if acc[2] >= min_steps and acc[1] > 0]
     if not qualified:
         return model

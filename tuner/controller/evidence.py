@@ -193,7 +193,9 @@ def gather_evidence(
 def window_batches(windows: Sequence[WindowRecord]) -> tuple[float | None, ...]:
     """Requests running per window, aligned with :func:`summarize`'s rates (None where not scraped)."""
     return tuple(
-        float(w.requests_running) if w.requests_running is not None and math.isfinite(w.requests_running) else None
+        float(w.requests_running)
+        if w.requests_running is not None and math.isfinite(w.requests_running)
+        else None
         for w in windows
         if w.duration_s > 0
     )

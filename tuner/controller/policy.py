@@ -120,7 +120,10 @@ def propose_k(evidence: Evidence, settings: PolicySettings) -> PolicyOutcome:
         value = {k: g.tokens_per_s for k, g in scores.items()}
         interval = {k: g.interval for k, g in scores.items()}
         seconds = sum(s for s, _ in bins)
-        over = f"Over the load of the last {seconds:.0f} s (batch {bins[0][1]:.0f}–{bins[-1][1]:.0f}, weighted by time)"
+        over = (
+            f"Over the load of the last {seconds:.0f} s (batch {bins[0][1]:.0f}–{bins[-1][1]:.0f}, weighted by "
+            "time)"
+        )
         details["load_bins"] = [[round(s, 1), round(b, 2)] for s, b in bins]
     else:
         value = {o.k: o.speedup for o in decision.by_k}

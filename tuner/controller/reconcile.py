@@ -131,7 +131,7 @@ class Controller:
         self._last_recorded: tuple[str, str] | None = None  # (target, reason) of the last hold-type row
         self._history_cache: dict[int, AcceptanceEvidence] = {}  # α evidence of ended config periods
         self._load_profile = LoadProfile()
-        # (fitted at, running draft, T(B, K) and its note): refitted every refit_interval_s or on a swap
+        # (read at, running draft, T(B, K) with its note and source): re-read every refit_interval_s or on a swap
         self._step_cost_cache: tuple[datetime, tuple[Any, Any], tuple[StepCostModel, str, str] | None] | None = None
         # decide/verify/sync run on scheduler threads: one at a time, so a config recorded by an apply
         # is never raced by the collector's sync recording the same config as "observed".
