@@ -262,6 +262,12 @@ def run_spectuner(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         keys = [e.key for e in store.engines()]
         configs = [c for key in keys[:1] for c in store.configs(key)]
         decisions = store.decisions()
+        # a rollback restarts the engine only when its actuator had to (a live table is rolled back live)
+        rollback_downtime_s = {
+            e.data.get("decision_id"): float(e.data.get("downtime_s") or 0.0)
+            for e in store.events(kind="regression_rolled_back")
+            if isinstance(e.data, dict)
+        }
     if args.keep_db is not None:  # the daemon's database (windows, per-step records, decisions) for a post-mortem
         args.keep_db.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(run_dir / "spectuner.db", args.keep_db)
@@ -273,13 +279,19 @@ def run_spectuner(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             else None,
             "serving_at_s": round(c.config.started_at.timestamp() - t_workload, 1),
             "applied_by": c.config.applied_by,
+            "decision_id": c.config.decision_id,
             "config": _spec_label(c.config.spec_config or {}),
         }
         for c in configs
         if c.config.applied_by != AppliedBy.STARTUP
     ]
     applied = [c for c in changes if c["applied_by"] in ("restart", "rollback", "live")]
-    restarts = [c for c in changes if c["applied_by"] in ("restart", "rollback")]
+    rollbacks = [c for c in changes if c["applied_by"] == "rollback"]
+    restarts = [
+        c for c in changes
+        if c["applied_by"] == "restart"
+        or (c["applied_by"] == "rollback" and rollback_downtime_s.get(c["decision_id"], 1.0) > 0.0)
+    ]
     phase_json = {p.name: p.to_json() for p in phases}
     for p in phases:  # time to adapt: phase start → the first change decided in the phase
         first = next(
@@ -293,7 +305,8 @@ def run_spectuner(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         "startup_s": round(startup_s, 1),
         "phases": phase_json,
         "changes": sum(1 for c in applied if c["applied_by"] in ("restart", "live")),
-        "restarts": len(restarts),  # every config row written by a restart or a rollback is an engine start
+        "restarts": len(restarts),  # engine starts: restarts, and rollbacks that restarted (not live ones)
+        "rollbacks": len(rollbacks),
         "config_timeline": changes,
         "decisions": [{"status": d.status, "reason": d.decision.reason, "message": d.decision.message[:300]}
                       for d in decisions],
@@ -388,7 +401,8 @@ def markdown(doc: dict[str, Any]) -> str:
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     sp = doc["runs"].get("spectuner")
     if sp:
-        lines += ["", f"spectuner: {sp['changes']} changes, {sp['restarts']} restarts; time to adapt per phase: "
+        lines += ["", f"spectuner: {sp['changes']} changes, {sp['restarts']} restarts, "
+                  f"{sp.get('rollbacks', 0)} rollbacks; time to adapt per phase: "
                   + ", ".join(f"{n}: {_fmt(sp['phases'][n].get('time_to_adapt_s'))} s" for n in names), ""]
         lines += ["| decided at (s) | serving from (s) | by | config |", "|---|---|---|---|"]
         lines += [f"| {_fmt(c['decided_at_s'])} | {c['serving_at_s']} | {c['applied_by']} | {c['config']} |"

@@ -185,6 +185,11 @@ class IngestStats:
             int(c.get("dropped_queue_full", 0)) + int(c.get("dropped_send_failed", 0)) for c in self.plugins.values()
         )
 
+    @property
+    def plugin_unconfirmed(self) -> int:
+        """Steps the plugins sent whole but got no answer for (a slow sidecar has usually stored them)."""
+        return sum(int(c.get("unconfirmed", 0)) for c in self.plugins.values())
+
 
 class StepIngestServer:
     """HTTP ingest of per-step records on 127.0.0.1. ``start()`` / ``stop()``, or a context manager."""
@@ -318,6 +323,7 @@ class StepIngestServer:
                 "bad_requests": s.bad_requests,
                 "unauthorized": s.unauthorized,
                 "plugin_dropped": s.plugin_dropped,
+                "plugin_unconfirmed": s.plugin_unconfirmed,
                 "plugins": dict(s.plugins),
                 "writer": {
                     "written": w.written,

@@ -1,7 +1,10 @@
 """Best K ∈ {0..K_max} for one batch size: maximise goodput B·E(K) / T(B, K) under the memory budget.
 
 Purely computational, no side effects. K = 0 (speculation off) is a valid answer, and a K that breaks
-the memory budget is never chosen. The predicted gain is goodput(K) / goodput(0) with an interval that
+the memory budget is never chosen. K = 0 means one of two things: for one K per engine it is an engine
+started without a draft; inside a per-batch-size table (``k0_is_off=False``) the draft stays loaded and,
+for a draft model, still runs one pass per step (``StepCostModel.draft_pass_at_k0``). Every speedup is
+over plain decoding, an engine without a draft. The predicted gain is goodput(K) / goodput(off) with an interval that
 combines the acceptance model's interval for E(K) and the step-cost fit's covariance (delta method on
 the log scale, treating the two as independent).
 
@@ -40,6 +43,7 @@ class KChoiceSnapshot:
     memory: MemoryBudget | None = None
     current_k: int | None = None
     confidence: float = 0.95
+    k0_is_off: bool = True  # K = 0 restarts without a draft; False: a table's K = 0, draft still loaded
 
     def __post_init__(self) -> None:
         check_k(self.k_max, "K_max")
@@ -96,7 +100,9 @@ def evaluate_k(snapshot: KChoiceSnapshot, k: int) -> KOption:
     model = snapshot.step_cost
     e = snapshot.acceptance.expected_tokens(k)
     e_lo, e_hi = snapshot.acceptance.expected_tokens_interval(k)
-    t_k, t_0 = model.step_time_s(b, k), model.step_time_s(b, 0)
+    off = k == 0 and snapshot.k0_is_off
+    t_0 = model.plain_step_time_s(b)
+    t_k = t_0 if off else model.step_time_s(b, k)
     speedup = e * t_0 / t_k
     z = NormalDist().inv_cdf(0.5 + snapshot.confidence / 2.0)
     # log-scale sd of E from its interval, and of T(B,0)/T(B,K) from the fit's covariance
@@ -104,8 +110,8 @@ def evaluate_k(snapshot: KChoiceSnapshot, k: int) -> KOption:
     sd_t = 0.0
     # the fit's covariance says nothing of a measured cell's mean (both cells measured: E alone is uncertain)
     measured = model.is_measured(b, k) or model.is_measured(b, 0)
-    if model.covariance is not None and k > 0 and not measured:
-        x = design_matrix(np.array([b, b], float), np.array([k, 0], float))
+    if model.covariance is not None and not off and not measured:
+        x = design_matrix(np.array([b, b], float), np.array([k, 0], float), [model.draft_pass_at_k0, False])
         g = x[0] / t_k - x[1] / t_0
         sd_t = math.sqrt(max(float(g @ np.array(model.covariance) @ g), 0.0))
     sd = math.hypot(sd_e, sd_t)
@@ -221,9 +227,11 @@ def goodput_over_load(
     acceptance: AcceptanceModel, step_cost: StepCostModel, bins: Sequence[tuple[float, float]], k: int
 ) -> LoadGoodput:
     """Σ seconds · B · E[tokens per step](K) / T(B, K) over the bins, per second of the profile: what one K
-    would have generated over the load seen (the fixed-K oracle's criterion)."""
+    would have generated over the load seen (the fixed-K oracle's criterion). K = 0 is an engine without
+    a draft."""
     e = acceptance.expected_tokens(k)
     e_lo, e_hi = acceptance.expected_tokens_interval(k)
     total_s = sum(s for s, _ in bins)
-    rate = sum(s * b / step_cost.step_time_s(b, k) for s, b in bins) / total_s if total_s > 0 else 0.0
+    step_s = step_cost.plain_step_time_s if k == 0 else (lambda b: step_cost.step_time_s(b, k))
+    rate = sum(s * b / step_s(b) for s, b in bins) / total_s if total_s > 0 else 0.0
     return LoadGoodput(k, e * rate, (e_lo * rate, e_hi * rate))

@@ -3,7 +3,9 @@
 Purely computational. For every batch size 1..max_batch_size the best K is chosen by
 :func:`policies.choose_k.choose_k` (memory checked at that many running sequences); equal neighbours
 merge into inclusive ranges ``[lo, hi, K]``. The rows are contiguous, the first starts at 1 and the last
-ends at max_batch_size; K may be 0 (speculation off at that load).
+ends at max_batch_size; K may be 0 (no drafts at that load). A table's K = 0 keeps the draft loaded: with
+a draft model each step still runs its catch-up pass, so give ``step_cost`` the engine's
+``draft_pass_at_k0``; speedups are over an engine without a draft.
 """
 
 from __future__ import annotations
@@ -110,6 +112,7 @@ def k_table(snapshot: KTableSnapshot) -> KTable:
                 draft=snapshot.draft,
                 memory=snapshot.memory,
                 confidence=snapshot.confidence,
+                k0_is_off=False,
             )
         )
         for b in range(1, snapshot.max_batch_size + 1)

@@ -5,16 +5,22 @@ Purely computational. One verify step at batch B with K speculative tokens costs
     T(B, K) = fixed_s + per_token_s·B·(K + 1) + K·(draft_fixed_s + draft_per_seq_s·B)
 
 The target scores B·(K + 1) tokens in one forward pass (a fixed part plus a per-token part); the draft
-runs K sequential forward passes over B sequences. All four parameters are ≥ 0, so the fit is a bounded
-linear least-squares problem (``scipy.optimize.nnls``). The draft/target cost ratio at batch B
-is c(B) = (draft_fixed_s + draft_per_seq_s·B) / (fixed_s + per_token_s·B), Leviathan's c at B = 1.
+runs K sequential forward passes over B sequences. In an engine that loaded a draft model (draft_model,
+EAGLE, MTP) a step with K = 0 still runs one draft pass: vLLM's proposer runs its first forward over the
+verified tokens to keep the draft's KV cache in sync and only then returns no drafts
+(``vllm/v1/spec_decode/llm_base_proposer.py``, "Dynamic SD decided K=0"). Such a model has
+``draft_pass_at_k0`` set and counts max(K, 1) draft passes; :meth:`StepCostModel.plain_step_time_s` is
+then the step of an engine without a draft (speculation off), the baseline of every speedup.
+
+All four parameters are ≥ 0, so the fit is a bounded linear least-squares problem
+(``scipy.optimize.nnls``). The draft/target cost ratio at batch B is
+c(B) = (draft_fixed_s + draft_per_seq_s·B) / (fixed_s + per_token_s·B), Leviathan's c at B = 1.
 
 The tuner supplies the arrays (from per-step records, from windows as mean step time weighted by the
 number of steps, and from a calibration sweep); this module never touches the store.
 
 A linear T(B, K) cannot follow an engine's quirks (the lab's CPU engine decodes 4 sequences without drafts
-at 3× the cost of 1, and a K = 0 step inside an engine that loaded a draft costs more than a step of an
-engine without one). :func:`with_measured_cells` therefore lays this engine's measured mean step times,
+at 3× the cost of 1). :func:`with_measured_cells` therefore lays this engine's measured mean step times,
 per batch-size band and K, over the model: measured where measured, the model elsewhere.
 """
 
@@ -41,7 +47,8 @@ class StepCostModel:
     """T(B, K) in seconds (or in any consistent unit when built from a cost ratio).
 
     ``covariance`` is the 4×4 parameter covariance of a fit (None for a model given by hand); it
-    gives the prediction interval of :meth:`step_time_interval_s`.
+    gives the prediction interval of :meth:`step_time_interval_s`. ``draft_pass_at_k0``: the engine
+    loaded a draft model, so its K = 0 steps run one draft pass (see the module docstring).
     """
 
     fixed_s: float
@@ -50,6 +57,7 @@ class StepCostModel:
     draft_per_seq_s: float
     covariance: tuple[tuple[float, ...], ...] | None = None
     residual_std_s: float | None = None
+    draft_pass_at_k0: bool = False
 
     def __post_init__(self) -> None:
         for name in PARAMETER_NAMES:
@@ -90,21 +98,34 @@ class StepCostModel:
         """The linear model alone (a MeasuredStepCost's cells belong to one engine and its draft)."""
         return self
 
+    def with_draft_pass_at_k0(self, on: bool) -> StepCostModel:
+        """This model for an engine that does (``on``) or does not load a draft model. A
+        MeasuredStepCost's cells were measured under one of the two: switching drops them."""
+        return self if self.draft_pass_at_k0 == on else replace(self.linear(), draft_pass_at_k0=on)
+
+    def draft_passes(self, k: int) -> int:
+        """Draft forward passes of one step at K: K, or 1 at K = 0 when a draft model is loaded."""
+        return 1 if k == 0 and self.draft_pass_at_k0 else k
+
     def step_time_s(self, batch_size: float, k: int) -> float:
-        """Predicted T(B, K)."""
+        """Predicted T(B, K) in this engine (K = 0 with its draft pass when ``draft_pass_at_k0``)."""
         # plain float arithmetic: this runs K_max × batch sizes times per decision
         return (
             self.fixed_s
             + self.per_token_s * batch_size * (k + 1)
-            + k * (self.draft_fixed_s + self.draft_per_seq_s * batch_size)
+            + self.draft_passes(k) * (self.draft_fixed_s + self.draft_per_seq_s * batch_size)
         )
+
+    def plain_step_time_s(self, batch_size: float) -> float:
+        """T(B) of the same target without any draft loaded: speculation off, every speedup's baseline."""
+        return self.fixed_s + self.per_token_s * batch_size
 
     def step_time_interval_s(self, batch_size: float, k: int, confidence: float = 0.95) -> tuple[float, float]:
         """Interval for the mean step time T(B, K) from the fit's covariance (a point without one)."""
         mean = self.step_time_s(batch_size, k)
         if self.covariance is None:
             return (mean, mean)
-        x = design_matrix(np.array([batch_size], float), np.array([k], float))[0]
+        x = design_matrix(np.array([batch_size], float), np.array([k], float), self.draft_pass_at_k0)[0]
         sd = math.sqrt(max(float(x @ np.array(self.covariance) @ x), 0.0))
         z = NormalDist().inv_cdf(0.5 + confidence / 2.0)
         return (max(mean - z * sd, 0.0), mean + z * sd)
@@ -121,6 +142,7 @@ class StepCostModel:
             "draft_per_seq_s": self.draft_per_seq_s,
             "covariance": [list(r) for r in self.covariance] if self.covariance is not None else None,
             "residual_std_s": self.residual_std_s,
+            "draft_pass_at_k0": self.draft_pass_at_k0,
         }
 
     @classmethod
@@ -137,7 +159,15 @@ class StepCostModel:
         cov = data.get("covariance")
         covariance = tuple(tuple(float(v) for v in row) for row in cov) if cov is not None else None
         std = data.get("residual_std_s")
-        return cls(**values, covariance=covariance, residual_std_s=float(std) if std is not None else None)
+        at_k0 = data.get("draft_pass_at_k0", False)
+        if not isinstance(at_k0, bool):
+            raise ValueError(f"draft_pass_at_k0 must be true or false but got {at_k0!r}")
+        return cls(
+            **values,
+            covariance=covariance,
+            residual_std_s=float(std) if std is not None else None,
+            draft_pass_at_k0=at_k0,
+        )
 
 
 class StepCostReason(StrEnum):
@@ -161,9 +191,13 @@ class StepCostFit:
     cost_ratio_ci: tuple[float, float] | None = None
 
 
-def design_matrix(batch_size: NDArray[np.float64], k: NDArray[np.float64]) -> NDArray[np.float64]:
-    """Rows [1, B·(K+1), K, K·B]: T(B, K) = row · (fixed_s, per_token_s, draft_fixed_s, draft_per_seq_s)."""
-    return np.column_stack([np.ones_like(batch_size), batch_size * (k + 1.0), k, k * batch_size])
+def design_matrix(
+    batch_size: NDArray[np.float64], k: NDArray[np.float64], draft_pass_at_k0: ArrayLike = False
+) -> NDArray[np.float64]:
+    """Rows [1, B·(K+1), D, D·B]: T(B, K) = row · (fixed_s, per_token_s, draft_fixed_s, draft_per_seq_s),
+    with D = K draft passes, or 1 at K = 0 where ``draft_pass_at_k0`` (per row, or one for all)."""
+    d = np.where((k == 0) & np.asarray(draft_pass_at_k0, bool), 1.0, k)
+    return np.column_stack([np.ones_like(batch_size), batch_size * (k + 1.0), d, d * batch_size])
 
 
 def fit_step_cost(
@@ -173,8 +207,13 @@ def fit_step_cost(
     weight: ArrayLike | None = None,
     confidence: float = 0.95,
     draft_cost_ratio: float | None = None,
+    draft_pass_at_k0: ArrayLike = False,
 ) -> StepCostFit:
     """Fit T(B, K) by bounded least squares. Purely computational.
+
+    ``draft_pass_at_k0`` (per observation, or one for all) marks K = 0 steps of an engine that loaded a
+    draft model: they ran one draft pass. What must vary is then the number of draft passes, max(K, 1):
+    K = 0 and K = 1 of such an engine cannot tell the draft's cost from the target's.
 
     ``weight`` is the number of steps an observation averages (a window's mean step time), default 1.
     Both B and K must vary for the full model: with one B the model is flat in B (said in the
@@ -198,22 +237,31 @@ def fit_step_cost(
     bad = _invalid_rows(b, kk, y, w)
     if bad:
         return StepCostFit(None, StepCostReason.INVALID_INPUT, bad, n)
-    both_varied = np.unique(kk).size >= 2 and np.unique(b).size >= 2
+    loaded = np.asarray(draft_pass_at_k0, bool).ravel()
+    if loaded.size == 1:
+        loaded = np.full(n, bool(loaded[0]))
+    if loaded.size != n:
+        return StepCostFit(
+            None, StepCostReason.INVALID_INPUT, f"draft_pass_at_k0 has {loaded.size} entries for {n} observations.", n
+        )
+    x = design_matrix(b, kk, loaded)
+    passes = x[:, 2]
+    both_varied = np.unique(passes).size >= 2 and np.unique(b).size >= 2
     if draft_cost_ratio is not None and (not both_varied or n < 4):
         # too little variety to separate four parameters: fit the target's two, the draft's as c × them
-        return _fit_fixed_ratio(b, kk, y, w, n, float(draft_cost_ratio))
+        return _fit_fixed_ratio(b, kk, y, w, n, float(draft_cost_ratio), passes)
     if n < 3:
         return StepCostFit(None, StepCostReason.TOO_FEW_OBSERVATIONS, f"{n} observations; at least 3 are needed.", n)
-    if np.unique(kk).size < 2:
+    if np.unique(passes).size < 2:
         return StepCostFit(
             None,
             StepCostReason.K_NOT_VARIED,
-            f"every observation has K = {int(kk[0])}, so the draft's cost cannot be separated from the "
+            f"every observation ran {int(passes[0])} draft pass(es) per step (K = "
+            f"{', '.join(str(int(v)) for v in np.unique(kk))}), so the draft's cost cannot be separated from the "
             "target's; run the calibration sweep (K = 0 and K = K_max).",
             n,
         )
     batch_varied = np.unique(b).size >= 2
-    x = design_matrix(b, kk)
     if not batch_varied:
         # With one B only the intercept and the slope in K are identifiable: keep them as fixed_s
         # and draft_fixed_s so the model is exact at the observed B and flat in B elsewhere.
@@ -262,7 +310,7 @@ def fit_step_cost(
     if draft_cost_ratio is not None and c_ci[1] - c_ci[0] > max(c, 1e-9):
         # K and B varied together (K follows the load), so the draft's cost is confounded with the
         # target's per-token cost: the given c is the better guess than a c known only to ±50%
-        fixed = _fit_fixed_ratio(b, kk, y, w, n, float(draft_cost_ratio))
+        fixed = _fit_fixed_ratio(b, kk, y, w, n, float(draft_cost_ratio), passes)
         return replace(
             fixed,
             message=f"{fixed.message} (the full fit's c = {c:.3f}, interval {c_ci[0]:.3f}–{c_ci[1]:.3f}, was too "
@@ -278,10 +326,12 @@ def _fit_fixed_ratio(
     w: NDArray[np.float64],
     n: int,
     c: float,
+    passes: NDArray[np.float64],
 ) -> StepCostFit:
-    """T(B, K) = fixed_s·(1 + K·c) + per_token_s·B·(K + 1 + K·c): the draft's part is c × the target's."""
+    """T(B, K) = fixed_s·(1 + D·c) + per_token_s·B·(K + 1 + D·c) with D draft passes (K, or 1 at a
+    loaded K = 0): the draft's part is c × the target's."""
     check_cost_ratio(c)
-    x = np.column_stack([1.0 + kk * c, b * (kk + 1.0 + kk * c)])
+    x = np.column_stack([1.0 + passes * c, b * (kk + 1.0 + passes * c)])
     batch_varied = np.unique(b).size >= 2
     if not batch_varied:
         x[:, 1] = 0.0
@@ -354,7 +404,7 @@ def step_times_table(model: StepCostModel, batch_sizes: Sequence[int], k_max: in
     if isinstance(model, MeasuredStepCost) and model.cells:
         return np.array([[model.step_time_s(b, k) for k in range(k_max + 1)] for b in batch_sizes], float)
     bb, kk = np.meshgrid(np.asarray(batch_sizes, float), np.arange(k_max + 1, dtype=float), indexing="ij")
-    return (design_matrix(bb.ravel(), kk.ravel()) @ model.parameters).reshape(bb.shape)
+    return (design_matrix(bb.ravel(), kk.ravel(), model.draft_pass_at_k0) @ model.parameters).reshape(bb.shape)
 
 
 # Batch-size bands of measured cells: geometric, 25 % wide (policies.choose_k.load_bins uses the same width),
@@ -397,8 +447,11 @@ class MeasuredStepCost(StepCostModel):
     drafts (``scale_no_draft``) or with drafts (``scale``) — or over all cells when that kind has none.
     A model pinned from another machine so keeps its shape but takes this engine's level, and an
     unmeasured K does not look cheap merely because the model is (which would make the policy try every
-    K in turn). The two kinds have their own level because a loaded draft still runs at K = 0 (the lab
-    engine: 11.4 ms at B = 1, K = 0, against 5.8 ms without a draft) — a cost no K·(…) term can carry."""
+    K in turn). The two kinds have their own level because their costs differ in kind: a K = 0 step is the
+    target's forward plus, in an engine with a draft model, the draft's catch-up pass (the lab engine:
+    11.4 ms at B = 1, K = 0, against 5.8 ms without a draft); a K > 0 step adds the verification of K
+    tokens and K draft passes. The model's ``draft_pass_at_k0`` must be the engine's when the cells are
+    measured (:func:`with_measured_cells` computes the factors against it)."""
 
     cells: tuple[MeasuredCell, ...] = ()
     scale: float = 1.0  # unmeasured K > 0
@@ -420,12 +473,21 @@ class MeasuredStepCost(StepCostModel):
             self.draft_per_seq_s,
             self.covariance,
             self.residual_std_s,
+            self.draft_pass_at_k0,
         )
 
     def step_time_s(self, batch_size: float, k: int) -> float:
         base = super().step_time_s(batch_size, k)
         default = self.scale if k > 0 else self.scale_no_draft
         return base * self._factors.get((batch_cell(batch_size), k), default)
+
+    def plain_step_time_s(self, batch_size: float) -> float:
+        if not self.draft_pass_at_k0:
+            return self.step_time_s(batch_size, 0)  # this engine's K = 0 steps are plain decoding
+        # No step of this engine ran without its draft. Its K = 0 steps come closest (the target's
+        # one-token forward plus the draft's catch-up pass): the model's plain step at their level.
+        factor = self._factors.get((batch_cell(batch_size), 0), self.scale_no_draft)
+        return super().plain_step_time_s(batch_size) * factor
 
     def step_time_interval_s(self, batch_size: float, k: int, confidence: float = 0.95) -> tuple[float, float]:
         if self.is_measured(batch_size, k):
@@ -470,7 +532,7 @@ def with_measured_cells(
     keep = np.isfinite(b) & np.isfinite(kk) & np.isfinite(t) & np.isfinite(n) & (b >= 1) & (kk >= 0) & (t > 0) & (n > 0)
     b, kk, t, n = b[keep], np.round(kk[keep]), t[keep], n[keep]
     # the linear model's T(B, K), also under a MeasuredStepCost (whose cells are replaced)
-    predicted = design_matrix(b, kk) @ model.parameters
+    predicted = design_matrix(b, kk, model.draft_pass_at_k0) @ model.parameters
     totals: dict[tuple[int, int], list[float]] = {}
     for bi, ki, ti, ni, pi in zip(b, kk, t, n, predicted, strict=True):
         acc = totals.setdefault((batch_cell(float(bi)), int(ki)), [0.0, 0.0, 0.0, 0.0])  # Σ n·t, Σ n·T, Σ n, Σ n·B
@@ -497,6 +559,7 @@ def with_measured_cells(
         **plain,
         covariance=model.covariance,
         residual_std_s=model.residual_std_s,
+        draft_pass_at_k0=model.draft_pass_at_k0,
         cells=cells,
         scale=float(drafting if drafting is not None else overall),
         scale_no_draft=float(plain_steps if plain_steps is not None else overall),

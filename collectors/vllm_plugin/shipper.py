@@ -4,8 +4,10 @@ The engine's output loop calls :meth:`Shipper.submit` (an append to a bounded de
 held across I/O). A daemon thread wakes every ``flush_interval_s``, takes up to ``batch_max``
 records and POSTs them as JSON over one keep-alive connection. When the sidecar is down or slow,
 a batch that fails is dropped and counted, the thread backs off (up to ``max_backoff_s``), and new
-records beyond ``queue_max`` are dropped and counted: the engine never waits for the sidecar. The
-counters travel with every batch, so the sidecar reports drops when it comes back.
+records beyond ``queue_max`` are dropped and counted: the engine never waits for the sidecar. A batch
+whose request went out whole but whose answer never came (timeout, reset) is counted as *unconfirmed*,
+not dropped: a slow sidecar has usually stored it. The counters travel with every batch, so the
+sidecar reports drops when it comes back.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class ShipperStats:
     sent: int
     dropped_queue_full: int
     dropped_send_failed: int
+    unconfirmed: int  # sent whole, no answer: most likely stored by a slow sidecar
     batches: int
     send_errors: int
     queued: int
@@ -81,6 +84,7 @@ class Shipper:
         self._sent = 0
         self._dropped_full = 0
         self._dropped_failed = 0
+        self._unconfirmed = 0
         self._batches = 0
         self._send_errors = 0
         self._failing = False
@@ -113,6 +117,7 @@ class Shipper:
             sent=self._sent,
             dropped_queue_full=self._dropped_full,
             dropped_send_failed=self._dropped_failed,
+            unconfirmed=self._unconfirmed,
             batches=self._batches,
             send_errors=self._send_errors,
             queued=len(self._queue),
@@ -157,16 +162,20 @@ class Shipper:
             "sent": self._sent,
             "dropped_queue_full": self._dropped_full,
             "dropped_send_failed": self._dropped_failed,
+            "unconfirmed": self._unconfirmed,
         }
         body = json.dumps(
             {"v": WIRE_VERSION, "source": self.source, "counters": counters, "steps": batch},
             separators=(",", ":"),
         ).encode()
+        sent_whole = False
         try:
-            status = self._post(body)
-        except Exception as exc:  # any failure to reach the sidecar: drop, count, back off
+            self._send_request(body)
+            sent_whole = True
+            status = self._read_status()
+        except Exception as exc:  # any failure to reach the sidecar: drop (or leave unconfirmed), count, back off
             self._close_conn()
-            return self._failed(batch, f"{type(exc).__name__}: {exc}")
+            return self._failed(batch, f"{type(exc).__name__}: {exc}", unconfirmed=sent_whole)
         if status >= 300:
             return self._failed(batch, f"HTTP {status}")
         self._sent += len(batch)
@@ -177,9 +186,12 @@ class Shipper:
             log.info("spectuner plugin: the sidecar at %s accepts steps again", self.url)
         return True
 
-    def _failed(self, batch: list[dict[str, Any]], why: str) -> bool:
+    def _failed(self, batch: list[dict[str, Any]], why: str, unconfirmed: bool = False) -> bool:
         self._send_errors += 1
-        self._dropped_failed += len(batch)
+        if unconfirmed:
+            self._unconfirmed += len(batch)
+        else:
+            self._dropped_failed += len(batch)
         self._backoff_s = min(self.max_backoff_s, max(0.1, self._backoff_s * 2))
         self._backoff_until = time.monotonic() + self._backoff_s
         if not self._failing:
@@ -191,10 +203,13 @@ class Shipper:
             )
         return False
 
-    def _post(self, body: bytes) -> int:
+    def _send_request(self, body: bytes) -> None:
         if self._conn is None:
             self._conn = http.client.HTTPConnection(self._host, self._port, timeout=self.timeout_s)
         self._conn.request("POST", self._path, body=body, headers=self._headers)
+
+    def _read_status(self) -> int:
+        assert self._conn is not None
         resp = self._conn.getresponse()
         resp.read()
         if resp.will_close:

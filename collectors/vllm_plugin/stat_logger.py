@@ -71,7 +71,7 @@ class SpectunerStatLogger(StatLoggerBase):
         self.shipper: Shipper | None = None
         self._last_busy_mono: float | None = None
         self._errors = 0
-        self._last_dropped = 0
+        self._last_dropped: tuple[int, int] = (0, 0)
         spec_cfg = getattr(vllm_config, "speculative_config", None)
         self.k_max = int(getattr(spec_cfg, "num_speculative_tokens", 0) or 0) if spec_cfg is not None else 0
         if not self.url:
@@ -170,12 +170,14 @@ class SpectunerStatLogger(StatLoggerBase):
             return
         st = self.shipper.stats
         dropped = st.dropped_queue_full + st.dropped_send_failed
-        if dropped and dropped != self._last_dropped:
-            self._last_dropped = dropped
+        if (dropped or st.unconfirmed) and (dropped, st.unconfirmed) != self._last_dropped:
+            self._last_dropped = (dropped, st.unconfirmed)
             log.warning(
-                "spectuner plugin: %d step record(s) dropped so far (%d queue full, %d send failed); %d sent",
+                "spectuner plugin: %d step record(s) dropped so far (%d queue full, %d send failed); %d sent, "
+                "%d more sent without an answer (most likely stored by a slow sidecar)",
                 dropped,
                 st.dropped_queue_full,
                 st.dropped_send_failed,
                 st.sent,
+                st.unconfirmed,
             )

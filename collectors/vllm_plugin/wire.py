@@ -4,7 +4,7 @@ One POST carries a batch::
 
     {"v": 1,
      "source": {"model": "lab-target", "pid": 1234, "vllm": "0.32.0"},
-     "counters": {"sent": 900, "dropped_queue_full": 0, "dropped_send_failed": 0},
+     "counters": {"sent": 900, "dropped_queue_full": 0, "dropped_send_failed": 0, "unconfirmed": 0},
      "steps": [{...}, ...]}
 
 Each step (short keys: hundreds of steps a second; times are Unix seconds, durations seconds)::

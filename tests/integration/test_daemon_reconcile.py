@@ -486,7 +486,8 @@ def test_cells_this_engine_measured_overrule_a_pinned_model(world: tuple[Store, 
     store, clock, act = world
     current = store.current_config(KEY)
     assert current is not None
-    truth = StepCostModel.from_cost_ratio(0.05, target_step_s=0.001, per_token_s=0.01)
+    # a draft_model engine: its K = 0 steps run the draft's catch-up pass
+    truth = replace(StepCostModel.from_cost_ratio(0.05, target_step_s=0.001, per_token_s=0.01), draft_pass_at_k0=True)
     for i, k in enumerate((0, 2, 8)):
         write_steps(store, T0 + timedelta(seconds=10 * i), k=k, step_s=lambda b, k=k: truth.step_time_s(b, k),
                     config_id=current.id)
@@ -501,6 +502,7 @@ def test_cells_this_engine_measured_overrule_a_pinned_model(world: tuple[Store, 
     cells = step_cost["model"]["measured_cells"]
     assert sorted({c["k"] for c in cells}) == [0, 2, 8] and len(cells) == 12  # B = 1, 2, 4, 8 × K = 0, 2, 8
     assert "measured on this engine (12 cells;" in step_cost["message"]
+    assert step_cost["model"]["draft_pass_at_k0"] is True  # the running draft_model engine drafts at K = 0
     assert decision.proposed_config == {"method": "off", "num_speculative_tokens": 0}
     assert K8 not in act.applied
 
@@ -517,3 +519,66 @@ def test_load_profile_is_topped_up_without_double_counting(db_url: str) -> None:
         assert len(second) == 36
         third = profile.update(store, [KEY], later + timedelta(seconds=3600 - 100), horizon_s=3600)
         assert len(third) == 11  # windows ending before the horizon are dropped (ends T0+260 s … T0+360 s stay)
+
+
+def test_a_running_periods_history_is_read_incrementally_and_adds_up(db_url: str) -> None:
+    """A draft in force for days must not make every tick re-read its windows: the cached history reads
+    only what ended since the last tick (less the settle margin), and always equals a full re-read."""
+    from policies.draft_choice import DraftCandidate
+    from tuner.controller.candidates import same_draft
+    from tuner.controller.evidence import HistoryCache, measured_history
+
+    class CountingStore(Store):
+        def __init__(self, url: str) -> None:
+            super().__init__(url)
+            self.windows_read = 0
+
+        def windows(self, *args: Any, **kwargs: Any) -> list[WindowRecord]:
+            out = super().windows(*args, **kwargs)
+            self.windows_read += len(out)
+            return out
+
+    good = DraftCandidate("good", "draft_model", "/drafts/good")
+    with CountingStore(db_url) as store:
+        store.record_config(KEY, config_record(K2, T0, AppliedBy.STARTUP))
+        now = write_windows(store, T0, 360, k=2, rate=100.0)  # an hour under the running config
+        cache = HistoryCache()
+
+        def read(cache: HistoryCache | None) -> tuple[float, int]:
+            before = store.windows_read
+            at = now + timedelta(seconds=1)  # a tick just after the last window
+            ev = measured_history(store, [KEY], at, 7 * 86400.0, [good], same_draft, cache)["good"]
+            return ev.trials, store.windows_read - before
+
+        full, n_full = read(None)
+        assert n_full == 360
+        assert read(cache) == (full, 360)  # the first read is a full one
+        for _ in range(3):  # ticks: 3 new windows each
+            now = write_windows(store, now, 3, k=2, rate=100.0, alpha=0.6)
+            cached, n_read = read(cache)
+            assert cached == read(None)[0]
+            assert n_read <= 3 + HistoryCache.SETTLE_S / 10 + 1  # the new windows and the unsettled tail
+        # the period ends: one full read, kept for good
+        store.record_config(KEY, config_record(K8, now, AppliedBy.RESTART))
+        ended, n_read = read(cache)
+        assert n_read == 369 and ended == read(None)[0]
+        assert read(cache)[1] <= 1  # the ended period from the cache; the new one's tail (K = 8, same draft)
+
+
+@pytest.mark.parametrize("true_gain,verdict", [(1.0, ("verified", "no_worse")), (0.7, ("rolled_back", "regressed"))])
+def test_harder_prompts_after_a_k_change_are_not_taken_for_its_regression(
+    world: tuple[Store, FakeClock, FakeActuator], true_gain: float, verdict: tuple[str, str]
+) -> None:
+    """K 2 → 8, then the prompts turn hard (α 0.8 → 0.6): the tokens per step fall to E(8, 0.6)/E(8, 0.8)
+    = 0.57 under any config. Judged on raw rates every such change would be rolled back; corrected for
+    the first position's acceptance, a neutral change is kept and a real 30% loss still rolled back."""
+    store, clock, act = world
+    ctl, decision_id = apply_k8(store, clock, act)
+    workload = (1 - 0.6**9) / (1 - 0.6) / ((1 - 0.8**9) / (1 - 0.8))
+    clock.now = write_windows(store, clock.now, 12, k=8, rate=100.0 * workload * true_gain, alpha=0.6)
+    [result] = ctl.verify(clock.now)
+    assert (result.action, result.reason) == verdict
+    d = store.decision(decision_id)
+    assert d.realized_gain == pytest.approx(true_gain, abs=0.02)
+    assert "first draft token's acceptance moved 0.800 → 0.600" in (d.status_message or "")
+

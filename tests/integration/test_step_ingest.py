@@ -230,3 +230,62 @@ def test_a_plugin_that_hangs_up_before_the_answer_loses_no_steps(capfd: pytest.C
         status, answer = post(ingest.url, batch([wire_step(99)]))  # and it still serves
         assert status == 200 and answer["accepted"] == 1
     assert "Traceback" not in capfd.readouterr().err
+
+
+def test_a_batch_sent_whole_without_an_answer_is_unconfirmed_not_dropped() -> None:
+    """A sidecar too slow to answer within the plugin's timeout has usually stored the batch: the plugin
+    counts it as unconfirmed. Only a batch that never went out (nobody listening) counts as dropped. Both
+    counters reach the sidecar with the next batch."""
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    silent_port = listener.getsockname()[1]
+    received: list[bytes] = []
+
+    def read_and_never_answer() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            data = b""
+            while b"\r\n\r\n" not in data or len(data.split(b"\r\n\r\n", 1)[1]) < int(
+                data.split(b"Content-Length: ", 1)[1].split(b"\r\n", 1)[0]
+            ):
+                data += conn.recv(65536)
+            received.append(data)
+            time.sleep(1.5)  # past the plugin's timeout
+
+    server = threading.Thread(target=read_and_never_answer, daemon=True)
+    server.start()
+    slow = Shipper(
+        f"http://127.0.0.1:{silent_port}/v1/steps",
+        source={"model": "lab-target", "pid": 11},
+        timeout_s=0.3,
+        flush_interval_s=0.3,
+        max_backoff_s=0.2,
+    )
+    refused = Shipper(f"http://127.0.0.1:{free_port()}/v1/steps", timeout_s=0.3, flush_interval_s=0.3)
+    try:
+        for i in range(7):  # one batch each: the shipping thread first wakes 0.3 s after the first record
+            slow.submit(wire_step(i))
+            refused.submit(wire_step(i))
+        deadline = time.monotonic() + 5
+        while (slow.stats.send_errors == 0 or refused.stats.send_errors == 0) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert received and b'"steps"' in received[0]
+        assert (slow.stats.unconfirmed, slow.stats.dropped_send_failed) == (7, 0)
+        assert (refused.stats.unconfirmed, refused.stats.dropped_send_failed) == (0, 7)
+        server.join(5)
+        listener.close()
+        # the sidecar answers again on the same port: the next batch carries the plugin's counters
+        sink = ListSink()
+        with StepIngestServer(sink, ENGINE_URL, port=silent_port) as ingest:
+            slow.submit(wire_step(8))
+            deadline = time.monotonic() + 5
+            while ingest.stats_json()["plugin_unconfirmed"] != 7 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            stats = ingest.stats_json()
+        assert stats["plugin_unconfirmed"] == 7 and stats["plugin_dropped"] == 0
+    finally:
+        slow.close(0.1)
+        refused.close(0.1)
+        listener.close()

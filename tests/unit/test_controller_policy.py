@@ -196,7 +196,8 @@ def test_effective_k_of_a_table_window() -> None:
 
 def test_under_a_table_a_busy_spell_does_not_switch_speculation_off() -> None:
     # mostly 1 stream with bursts of 16: at a high mean batch no draft pays with one K; with a
-    # table the candidates are ranked where the table speculates (the low end of the load).
+    # table the candidates are ranked where the table speculates (the low end of the load). The table
+    # drafts less at 16 streams but not 0: a table's K = 0 still pays the draft model's catch-up pass.
     cost = StepCostModel(fixed_s=2e-3, per_token_s=1e-3, draft_fixed_s=2e-4, draft_per_seq_s=1e-4)
     ev = evidence(WEAK_SPEC, 0.25, batch=1.0)
     profile = tuple((20.0, 16.0 if i % 3 == 0 else 1.0) for i in range(30))
@@ -204,7 +205,7 @@ def test_under_a_table_a_busy_spell_does_not_switch_speculation_off() -> None:
     table = propose(ev, PolicySettings(k_max=4, step_cost=cost, per_batch_size=True, swap=SWAP))
     assert table.reason is PolicyReason.SWAP_DRAFT and table.target is not None
     rows = table.target["num_speculative_tokens_per_batch_size"]
-    assert rows[0][2] >= 1 and rows[-1][2] == 0
+    assert rows[0][2] >= 1 and rows[-1][2] < rows[0][2]
     single = propose(ev, PolicySettings(k_max=4, step_cost=cost, per_batch_size=False, swap=SWAP))
     assert single.reason is PolicyReason.DISABLE_SPECULATION
 

@@ -110,3 +110,39 @@ def test_propose_k_keeps_the_best_and_skips_without_data() -> None:
     assert propose_k(evidence(SpecCounters(), 3), PolicySettings()).reason is PolicyReason.NO_DRAFTS
     off = propose_k(evidence(SpecCounters(), 0, method="off"), PolicySettings())
     assert off.reason is PolicyReason.NO_SPECULATION
+
+
+def test_acceptance_shift_is_the_ratio_of_tokens_per_step() -> None:
+    from tuner.controller.verify import acceptance_shift
+
+    assert acceptance_shift(0.8, 0.8, 3) == 1.0
+    assert acceptance_shift(0.8, 0.6, 2) == pytest.approx((1 + 0.6 + 0.36) / (1 + 0.8 + 0.64))
+    assert acceptance_shift(1.0, 0.5, 1) == pytest.approx(1.5 / 2.0)
+    assert acceptance_shift(0.5, 0.9, 0) == 1.0  # nothing drafted: acceptance cannot matter
+    assert acceptance_shift(0.8, 0.6, 1.5) == pytest.approx((1 - 0.6**2.5) / 0.4 / ((1 - 0.8**2.5) / 0.2))
+    with pytest.raises(ValueError, match="alpha_after must be in"):
+        acceptance_shift(0.8, 1.2, 2)
+    with pytest.raises(ValueError, match="k_after must be"):
+        acceptance_shift(0.8, 0.6, -1)
+
+
+def test_a_draft_swap_is_judged_on_raw_rates() -> None:
+    """A swap moves α on purpose: its realized gain is the raw throughput ratio, never corrected. A K
+    change under the same draft is corrected by the first position's acceptance."""
+    from datetime import timedelta
+
+    from collectors.records import WindowRecord
+    from tuner.controller.reconcile import _acceptance_shift
+
+    key = EngineKey("http://127.0.0.1:8000/metrics", "m", "0")
+    t0 = datetime(2026, 12, 3, tzinfo=UTC)
+    good = {"method": "draft_model", "model": "/drafts/good", "num_speculative_tokens": 2}
+    weak = {**good, "model": "/drafts/weak"}
+    inputs = {"current_config": weak, "drafts": 6000, "accepted_per_pos": [1800, 540]}
+    spec = SpecCounters(300, 600, 270 + 243, (270, 243))  # α = 0.9 at both positions
+    after = [WindowRecord(key=key, start=t0, end=t0 + timedelta(seconds=10), spec=spec, generation_tokens=900.0)]
+    assert _acceptance_shift(inputs, good, after) == (1.0, "")
+    same_draft = {**inputs, "current_config": {**good, "num_speculative_tokens": 4}}
+    shift, note = _acceptance_shift(same_draft, good, after)
+    assert shift == pytest.approx((1 + 0.9 + 0.81) / (1 + 0.3 + 0.09), rel=0.01) and "0.300 → 0.900" in note
+    assert _acceptance_shift({**same_draft, "drafts": 100}, good, after) == (1.0, "")  # too few drafts before

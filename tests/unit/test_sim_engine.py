@@ -91,6 +91,18 @@ def test_goodput_follows_the_step_cost_model() -> None:
     assert off.spec is None and off.generation_tokens == pytest.approx(10.0 * b / (0.025 + 0.0001 * b), abs=1)
 
 
+def test_a_tables_k0_runs_the_draft_models_pass_but_not_ngrams() -> None:
+    engine = engine_of(
+        drafts=[{"name": "d", "cost_ratio": 0.08, "alpha": 0.7}, {"name": "n", "method": "ngram", "alpha": 0.5}]
+    )
+    b = np.array([8.0])
+    target = 0.025 + 0.0001 * 8
+    table = ((1, 4, 3), (5, 16, 0))
+    assert engine.step_time_s(SimConfig("d", 3, table), b)[0] == pytest.approx(target * 1.08)  # one draft pass
+    assert engine.step_time_s(SimConfig("n", 3, table), b)[0] == pytest.approx(target)
+    assert engine.step_time_s(OFF, b)[0] == pytest.approx(target)
+
+
 def test_memory_caps_the_batch_and_refuses_what_does_not_fit() -> None:
     memory = {"kv_pool_bytes": 1e9, "target_kv_bytes_per_token": 1e5, "tokens_per_seq": 1000}
     engine = engine_of(

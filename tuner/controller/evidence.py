@@ -250,6 +250,18 @@ def spec_windows(
     return tuple(SpecWindow(s, e, c) for (s, e), c in sorted(merged.items(), key=lambda kv: kv[0][1]))
 
 
+@dataclass
+class HistoryCache:
+    """What :func:`measured_history` has read: the α evidence of config periods that ended (they never
+    change), and of the period still running up to ``SETTLE_S`` before the last read (windows can land
+    a little late: the batch writer flushes every second, a scrape can take seconds)."""
+
+    SETTLE_S = 120.0
+
+    ended: dict[int, AcceptanceEvidence] = field(default_factory=dict)
+    running: dict[int, tuple[AcceptanceEvidence, datetime]] = field(default_factory=dict)  # → (sum, read up to)
+
+
 def measured_history(
     store: Store,
     keys: Sequence[EngineKey],
@@ -257,12 +269,12 @@ def measured_history(
     horizon_s: float,
     candidates: Sequence[DraftCandidate],
     matches: Callable[[dict[str, Any], DraftCandidate], bool],
-    cache: dict[int, AcceptanceEvidence] | None = None,
+    cache: HistoryCache | None = None,
 ) -> dict[str, AcceptanceEvidence]:
     """α evidence each candidate earned on this engine under earlier configs (within ``horizon_s``).
 
-    ``cache`` keeps the evidence of config periods that have ended (they never change), so each tick
-    reads only the windows of the period still running instead of a week of windows per candidate.
+    With a ``cache``, each tick reads only the windows of the running period that ended since the
+    last read (less ``HistoryCache.SETTLE_S``), not a week of windows per candidate.
     """
     out: dict[str, AcceptanceEvidence] = {}
     if not keys:
@@ -273,12 +285,7 @@ def measured_history(
         owners = [c for c in candidates if matches(spec, c)]
         if not owners:
             continue
-        if cache is not None and stored.id in cache:
-            total = cache[stored.id]
-        else:
-            total = _period_evidence(store, keys, stored, now)
-            if cache is not None and stored.config.ended_at is not None:
-                cache[stored.id] = total
+        total = _cached_period_evidence(store, keys, stored, now, cache)
         if total.trials == 0:
             continue
         for c in owners:
@@ -286,14 +293,33 @@ def measured_history(
     return out
 
 
-def _period_evidence(
-    store: Store, keys: Sequence[EngineKey], stored: StoredConfig, now: datetime
+def _cached_period_evidence(
+    store: Store, keys: Sequence[EngineKey], stored: StoredConfig, now: datetime, cache: HistoryCache | None
 ) -> AcceptanceEvidence:
-    end = stored.config.ended_at or now
-    total = AcceptanceEvidence()
-    if end < stored.config.started_at:
+    if cache is None:
+        return _period_evidence(store, keys, stored, stored.config.started_at, stored.config.ended_at or now)
+    if stored.id in cache.ended:
+        return cache.ended[stored.id]
+    if stored.config.ended_at is not None:
+        cache.running.pop(stored.id, None)
+        total = _period_evidence(store, keys, stored, stored.config.started_at, stored.config.ended_at)
+        cache.ended[stored.id] = total
         return total
-    for w in windows_under(store, keys, stored.config.started_at, stored.config.started_at, end):
+    settled, read_until = cache.running.get(stored.id, (AcceptanceEvidence(), stored.config.started_at))
+    settle_until = max(read_until, now - timedelta(seconds=HistoryCache.SETTLE_S))
+    settled = settled + _period_evidence(store, keys, stored, read_until, settle_until)
+    cache.running[stored.id] = (settled, settle_until)
+    return settled + _period_evidence(store, keys, stored, settle_until, now)
+
+
+def _period_evidence(
+    store: Store, keys: Sequence[EngineKey], stored: StoredConfig, since: datetime, until: datetime
+) -> AcceptanceEvidence:
+    """α evidence of the windows of ``stored``'s period that ended in [since, until)."""
+    total = AcceptanceEvidence()
+    if until <= since or until < stored.config.started_at:
+        return total
+    for w in windows_under(store, keys, stored.config.started_at, since, until):
         counters = effective_counters(w.spec) if w.spec is not None else None
         if counters is None or counters.drafts == 0:
             continue

@@ -23,7 +23,7 @@ from policies.step_cost import StepCostModel
 from tuner.actuators.base import config_fingerprint
 from tuner.controller.candidates import current_candidate, same_draft, spec_config_for
 from tuner.controller.evidence import Evidence, pooled_alpha, spec_config_of
-from tuner.controller.step_cost import draft_identity
+from tuner.controller.step_cost import draft_identity, draft_passes_at_k0
 
 _ALPHA_EPS = 1e-6
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -416,7 +416,10 @@ def _table_for(
         KTableSnapshot(
             now=evidence.now,
             acceptance=model,
-            step_cost=settings.step_cost_model(evidence).linear(),  # the running draft's cells are not its
+            # the running draft's cells are not its; its K = 0 steps run its own draft pass
+            step_cost=settings.step_cost_model(evidence).linear().with_draft_pass_at_k0(
+                draft_passes_at_k0({"method": candidate.method})
+            ),
             max_batch_size=settings.max_batch_size,
             k_max=settings.k_max,
             draft=_footprint(candidate, settings),
@@ -453,7 +456,8 @@ def propose_k_table(evidence: Evidence, settings: PolicySettings) -> PolicyOutco
     running, _ = current_candidate(current, evidence.candidates, settings.cost_ratio)
     footprint = _footprint(running, settings)
     k_engine = max(k_now, settings.k_max)
-    step_cost = settings.step_cost_model(evidence)
+    # a table's K = 0 keeps the draft loaded: with a draft model each step still runs its catch-up pass
+    step_cost = settings.step_cost_model(evidence).with_draft_pass_at_k0(draft_passes_at_k0(current))
     table = k_table(
         KTableSnapshot(
             now=evidence.now,
@@ -491,6 +495,7 @@ def propose_k_table(evidence: Evidence, settings: PolicySettings) -> PolicyOutco
             batch_size=b,
             k_max=k_engine,
             confidence=settings.confidence,
+            k0_is_off=False,
         )
         new, old = evaluate_k(snap, _k_at(new_rows, b)), evaluate_k(snap, _k_at(old_rows, b))
         new_tokens += dur * new.speedup

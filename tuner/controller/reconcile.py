@@ -19,8 +19,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from collectors.records import EngineKey, EventRecord
-from policies.acceptance import AcceptanceEvidence
+from collectors.records import EngineKey, EventRecord, WindowRecord
 from policies.draft_choice import DraftCandidate
 from policies.memory import check_memory
 from policies.step_cost import StepCostModel
@@ -29,6 +28,7 @@ from tuner.controller import manual
 from tuner.controller.candidates import current_candidate, same_draft
 from tuner.controller.evidence import (
     Evidence,
+    HistoryCache,
     LoadProfile,
     gather_evidence,
     measured_history,
@@ -47,7 +47,7 @@ from tuner.controller.guardrails import (
 )
 from tuner.controller.policy import PolicyOutcome, PolicySettings, propose
 from tuner.controller.step_cost import StepCostFitSettings, config_specs, draft_identity, step_cost_from_steps
-from tuner.controller.verify import judge_at_matched_load
+from tuner.controller.verify import acceptance_shift, judge_at_matched_load
 from tuner.store import AppliedBy, DecisionRecord, DecisionStatus, EngineConfigRecord, Store, StoredConfig
 
 log = logging.getLogger(__name__)
@@ -129,7 +129,7 @@ class Controller:
         self.candidates: Candidates = candidates or (lambda: ())
         self._streak: tuple[str | None, int] = (None, 0)
         self._last_recorded: tuple[str, str] | None = None  # (target, reason) of the last hold-type row
-        self._history_cache: dict[int, AcceptanceEvidence] = {}  # α evidence of ended config periods
+        self._history_cache = HistoryCache()  # α evidence read so far, per config period
         self._load_profile = LoadProfile()
         # (read at, running draft, T(B, K) with its note and source): re-read every refit_interval_s or on a swap
         self._step_cost_cache: tuple[datetime, tuple[Any, Any], tuple[StepCostModel, str, str] | None] | None = None
@@ -543,13 +543,17 @@ class Controller:
             before_batches = [
                 float(b) if isinstance(b, int | float) else None for b in d.decision.inputs.get("window_batches", [])
             ]
+            after_rates = summarize(after)[3]
+            shift, shift_note = _acceptance_shift(d.decision.inputs, d.decision.proposed_config, after)
             verdict = judge_at_matched_load(
                 before_rates,
                 before_batches,
-                summarize(after)[3],
+                [r / shift for r in after_rates],
                 window_batches(after),
                 tolerance=self.settings.regression_tolerance,
             )
+            if shift_note:
+                verdict = replace(verdict, message=f"{verdict.message} {shift_note}")
             previous = d.decision.inputs.get("current_config")
             if verdict.rollback and d.decision.action == CHANGE and isinstance(previous, dict):
                 out.append(self._roll_back(d.id, previous, verdict.message, verdict.realized_gain, now, keys))
@@ -635,6 +639,41 @@ class Controller:
         if current is not None:
             return spec_config_of(current), "database"
         return dict(default), "config file"
+
+
+_SHIFT_MIN_DRAFTS = 200  # drafts each side needs before the acceptance shift is corrected for
+
+
+def _acceptance_shift(
+    inputs: dict[str, Any], proposed: dict[str, Any] | None, after: Sequence[WindowRecord]
+) -> tuple[float, str]:
+    """(factor, note): how much the workload's acceptance alone moved tokens per step between the
+    decision's evidence and the windows after a change of K under the same draft
+    (``verify.acceptance_shift``); 1 for a draft swap (moving α is its point) or when either side
+    drafted too little. Read at the first draft position, which every draft has at any K: a larger
+    K's later, weaker positions must not pass for harder prompts."""
+    previous = inputs.get("current_config")
+    if not isinstance(previous, dict) or proposed is None or draft_identity(previous) != draft_identity(proposed):
+        return 1.0, ""
+    drafts_before = inputs.get("drafts")
+    per_pos = inputs.get("accepted_per_pos")
+    if not isinstance(drafts_before, int) or drafts_before < _SHIFT_MIN_DRAFTS or not per_pos:
+        return 1.0, ""
+    drafts_after = sum(w.spec.drafts for w in after if w.spec is not None)
+    if drafts_after < _SHIFT_MIN_DRAFTS:
+        return 1.0, ""
+    first_after = sum(w.spec.accepted_per_pos[0] for w in after if w.spec is not None and w.spec.accepted_per_pos)
+    alpha_before = min(max(float(per_pos[0]) / drafts_before, 0.0), 1.0)
+    alpha_after = min(max(first_after / drafts_after, 0.0), 1.0)
+    k_after = sum(w.spec.draft_tokens for w in after if w.spec is not None) / drafts_after
+    shift = acceptance_shift(alpha_before, alpha_after, k_after)
+    if abs(shift - 1.0) < 0.01:
+        return 1.0, ""
+    return shift, (
+        f"Rates after the change divided by {shift:.3f}: the first draft token's acceptance moved "
+        f"{alpha_before:.3f} → {alpha_after:.3f} with the prompts, which changes tokens per step under any "
+        f"config (at the {k_after:.1f} tokens drafted per step after the change)."
+    )
 
 
 def change_kind(before: dict[str, Any], after: dict[str, Any]) -> str | None:

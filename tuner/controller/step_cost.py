@@ -5,8 +5,10 @@ pass, verifying K + 1 tokens costs as much as 1): right at batch 1, too optimist
 where scoring B·(K + 1) tokens is no longer free. The plugin ships every step's batch size, K and
 duration, so the controller refits T(B, K) each tick from the last ``horizon_s`` of steps:
 
-- steps under the running draft (same method and model) at any K, plus steps without drafts (K = 0)
-  under any config, which measure the target alone;
+- steps under the running draft (same method and model) at any K, plus the steps of configs without
+  speculation, which measure the target alone. A K = 0 step of an engine with a draft model ran the
+  draft's catch-up pass (``draft_passes_at_k0``) and is fitted as such; K = 0 steps under other drafts
+  are left out (their draft's cost is not the running one's);
 - with two or more K the full model (``policies.step_cost.fit_step_cost``); with one K the target's
   two parameters, the draft's part taken as the running candidate's cost ratio c × the target's.
 
@@ -40,6 +42,18 @@ def draft_identity(spec: Mapping[str, Any]) -> tuple[Any, Any]:
     return spec.get("method"), spec.get("model")
 
 
+# vLLM methods whose proposer runs a model forward every step, K = 0 included, to keep the draft's KV
+# cache in sync (SpeculativeConfig.uses_draft_kv_cache: use_eagle() or uses_draft_model() or
+# uses_extract_hidden_states(); the MTP aliases are folded into "mtp" by vLLM).
+_DRAFT_PASS_METHODS = frozenset({"draft_model", "eagle", "eagle3", "mtp", "dflash", "dspark", "extract_hidden_states"})
+
+
+def draft_passes_at_k0(spec: Mapping[str, Any] | None) -> bool:
+    """Does a K = 0 step of an engine with this speculative config still run a draft pass?"""
+    method = spec.get("method") if spec is not None else None
+    return isinstance(method, str) and (method in _DRAFT_PASS_METHODS or method.endswith("_mtp"))
+
+
 def step_cost_from_steps(
     store: Store,
     keys: Sequence[EngineKey],
@@ -56,13 +70,14 @@ def step_cost_from_steps(
 
     The base is ``pinned`` when given, else T(B, K) fitted from the running draft's steps at any K plus
     steps without drafts under any config. Over it lie the measured cells of the running draft's engine
-    (``policies.step_cost.with_measured_cells``): only its own steps, K = 0 included, because a step
-    without drafts costs more in an engine that loaded a draft than in one that did not.
+    (``policies.step_cost.with_measured_cells``): only its own steps, K = 0 included. The model returned
+    has ``draft_pass_at_k0`` set when the running method runs its draft at K = 0.
     """
     since = now - timedelta(seconds=settings.horizon_s)
     until = now + timedelta(microseconds=1)
     draft = draft_identity(current)
-    fit_rows: list[tuple[float, float, float, float]] = []
+    loaded = draft_passes_at_k0(current)
+    fit_rows: list[tuple[float, float, float, float, bool]] = []  # B, K, mean s, steps, draft pass at K = 0
     cell_rows: list[tuple[float, float, float, float]] = []
     for key in keys:
         for config_id, b, k, mean_s, n in store.step_time_groups(key, since, until):
@@ -70,19 +85,23 @@ def step_cost_from_steps(
             same_draft = spec is not None and draft_identity(spec) == draft
             if same_draft:
                 cell_rows.append((float(b), float(k), mean_s, float(n)))
-            if k == 0 or same_draft:
-                fit_rows.append((float(b), float(k), mean_s, float(n)))
+                fit_rows.append((float(b), float(k), mean_s, float(n), loaded))
+            elif k == 0 and not draft_passes_at_k0(spec):  # no draft model ran: the target alone
+                fit_rows.append((float(b), 0.0, mean_s, float(n), False))
     steps = int(sum(r[3] for r in fit_rows))
     if pinned is not None:
         base, note, source = pinned, "T(B, K) pinned by [policy.step_cost]", "pinned"
     elif steps < settings.min_steps:
         return None
     else:
-        batch, ks, times, weights = (list(col) for col in zip(*fit_rows, strict=True))
-        fit: StepCostFit = fit_step_cost(batch, ks, times, weights, draft_cost_ratio=cost_ratio)
+        batch, ks, times, weights, at_k0 = (list(col) for col in zip(*fit_rows, strict=True))
+        fit: StepCostFit = fit_step_cost(
+            batch, ks, times, weights, draft_cost_ratio=cost_ratio, draft_pass_at_k0=at_k0
+        )
         if fit.model is None:
             return None
         base, note, source = fit.model, f"T(B, K) fitted from {steps} steps: {fit.message}", "fitted"
+    base = base.with_draft_pass_at_k0(loaded)
     if cell_rows:
         batch, ks, times, weights = (list(col) for col in zip(*cell_rows, strict=True))
         model = with_measured_cells(base, batch, ks, times, weights, settings.cell_min_steps)

@@ -8,6 +8,12 @@ Throughput follows the load as much as the config: a change made during a burst 
 would look like a regression. :func:`judge_at_matched_load` therefore compares windows at the same load
 only (requests running within the same 25% band), each window's rate taken relative to the mean rate
 before the change in its band; with no band in common it keeps the change and says why.
+
+Throughput also follows the prompts: harder prompts after a change lower the acceptance α and with it
+the tokens per step, whatever the config. :func:`acceptance_shift` is how much α's move alone changed
+the new config's tokens per step; the caller divides the after-rates by it before judging, so a change
+made just before the prompts turn hard is not rolled back for the prompts' sake (the lab benchmark did
+exactly that: 0.58× "regression", all of it the switch to hard prompts).
 """
 
 from __future__ import annotations
@@ -143,3 +149,18 @@ def judge_at_matched_load(
         VerifyReason.NO_WORSE: f"Throughput {where} changed {gain:.3f}×: within noise or tolerance; kept.",
     }.get(verdict.reason, verdict.message)
     return Verdict(verdict.reason, text, gain, verdict.rollback)
+
+
+def acceptance_shift(alpha_before: float, alpha_after: float, k_after: float) -> float:
+    """E(K, α_after) / E(K, α_before), E(K, α) = (1 − α^{K+1}) / (1 − α) the tokens per step at K drafted
+    tokens per step (a mean under a table: not necessarily whole). 1 when nothing was drafted."""
+    for name, a in (("alpha_before", alpha_before), ("alpha_after", alpha_after)):
+        if not (math.isfinite(a) and 0.0 <= a <= 1.0):
+            raise ValueError(f"{name} must be in [0, 1] but got {a!r}")
+    if not (math.isfinite(k_after) and k_after >= 0.0):
+        raise ValueError(f"k_after must be ≥ 0 but got {k_after!r}")
+
+    def tokens(alpha: float) -> float:
+        return k_after + 1.0 if alpha >= 1.0 else (1.0 - alpha ** (k_after + 1.0)) / (1.0 - alpha)
+
+    return tokens(alpha_after) / tokens(alpha_before)
