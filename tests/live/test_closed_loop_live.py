@@ -13,8 +13,10 @@ from where the last one left the engine:
 4. (a) Acceptance still stays low; the daemon swaps to ``good`` (with a per-batch-size table) — one
    successful swap, within a bounded time.
 5. (d) A stationary stream: no change after the swap. (b) Concurrency 1 → 16 → 1: the table in
-   force drafts K > 0 per step at 1 stream and none at 16, and throughput at 16 beats the fixed
-   starting config measured in step 1.
+   force drafts at 1 stream and never more at 16 than alone, and throughput at 16 beats the fixed
+   starting config measured in step 1. (With good's α ≈ 0.9 the lab's step cost gives K = 1 at every
+   batch size: a table's K = 0 still runs the draft's pass, which costs more at 16 streams than
+   verifying one drafted token. Before that pass was counted the table was K = 1 alone, K = 0 from 2.)
 Every engine restart shows in the store as a counter reset (the collector's restart handling, live),
 and the draft ladder straddles the 0.4 threshold (weak's upper bound below it, good's α̂ far above).
 These two checks replace the separate engine starts that used to test them.
@@ -179,7 +181,7 @@ def test_weak_draft_failed_candidate_crash_swap_and_table(lab_models: Manifest, 
             swap_s = time.monotonic() - t_swap
             assert swap.decision.predicted_gain is not None and swap.decision.predicted_gain > 1.03
             table = swap.decision.proposed_config["num_speculative_tokens_per_batch_size"]
-            assert table[0][2] >= 1 and table[-1][2] == 0, table  # speculate alone, not at 16 streams
+            assert table[0][2] >= 1 and table[-1][2] <= table[0][2], table  # drafts alone, no more at 16
             assert not any("no-such-draft" in str(d.decision.proposed_config) for d in changes(store)[1:])
             wait_for("the engine (good)", lambda: healthy(server.base_url), 60, proc, log)
 
@@ -205,9 +207,13 @@ def test_weak_draft_failed_candidate_crash_swap_and_table(lab_models: Manifest, 
             assert later == [], [d.decision.message for d in later]
             assert len([d for d in applied(store) if d.decision.reason == "swap_draft"]) == 1
             assert table16.tokens_per_s > fixed16.tokens_per_s, (table16.tokens_per_s, fixed16.tokens_per_s)
-            # the table follows the load: drafts at one stream, (almost) none at 16 — a window that spans
-            # the ramp from 1 to 16 streams still holds some steps at low batch
-            assert alone and busy and alone[len(alone) // 2] > 0.3 and busy[len(busy) // 2] < 0.1, steps
+            # the engine drafts as the table says: at one stream, and per generated token no more at 16
+            # than alone (K = 1: ~0.5 drafted per generated token; K = 0: ~0). A window that spans the ramp
+            # from 1 to 16 streams holds steps of both loads, hence medians.
+            assert alone and busy and alone[len(alone) // 2] > 0.3, steps
+            at_16 = next(k for lo, hi, k in table if lo <= 16 <= hi)
+            limit = 0.1 if at_16 == 0 else alone[len(alone) // 2] * 1.15
+            assert busy[len(busy) // 2] <= limit, (table, steps)
             resets = [e for e in store.events() if e.kind == "counter_reset"]
             assert len(resets) >= 2  # the restarts, seen by the collector as counter resets
             # the ladder straddles 0.4: weak's upper bound was below it (step 2), good's α̂ is far above
