@@ -23,7 +23,7 @@ from policies.step_cost import StepCostModel
 from tuner.actuators.base import config_fingerprint
 from tuner.controller.candidates import current_candidate, same_draft, spec_config_for
 from tuner.controller.evidence import Evidence, pooled_alpha, spec_config_of
-from tuner.controller.step_cost import draft_identity, draft_passes_at_k0
+from tuner.controller.step_cost import draft_identity, draft_passes_at_k0, method_drafts_at_k0
 
 _ALPHA_EPS = 1e-6
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -418,7 +418,7 @@ def _table_for(
             acceptance=model,
             # the running draft's cells are not its; its K = 0 steps run its own draft pass
             step_cost=settings.step_cost_model(evidence).linear().with_draft_pass_at_k0(
-                draft_passes_at_k0({"method": candidate.method})
+                method_drafts_at_k0(candidate.method)
             ),
             max_batch_size=settings.max_batch_size,
             k_max=settings.k_max,

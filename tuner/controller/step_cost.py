@@ -48,10 +48,14 @@ def draft_identity(spec: Mapping[str, Any]) -> tuple[Any, Any]:
 _DRAFT_PASS_METHODS = frozenset({"draft_model", "eagle", "eagle3", "mtp", "dflash", "dspark", "extract_hidden_states"})
 
 
-def draft_passes_at_k0(spec: Mapping[str, Any] | None) -> bool:
-    """Does a K = 0 step of an engine with this speculative config still run a draft pass?"""
-    method = spec.get("method") if spec is not None else None
+def method_drafts_at_k0(method: object) -> bool:
+    """Does a K = 0 step under this speculative method still run a draft pass?"""
     return isinstance(method, str) and (method in _DRAFT_PASS_METHODS or method.endswith("_mtp"))
+
+
+def draft_passes_at_k0(spec: Mapping[str, Any] | None) -> bool:
+    """:func:`method_drafts_at_k0` of a speculative config (None: no speculation)."""
+    return spec is not None and method_drafts_at_k0(spec.get("method"))
 
 
 def step_cost_from_steps(

@@ -26,7 +26,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from policies.counters import SpecCounters
 from policies.step_cost import StepCostModel
-from tuner.controller.step_cost import draft_passes_at_k0
+from tuner.controller.step_cost import method_drafts_at_k0
 from tuner.sim.scenario import DraftSection, Scenario
 
 OFF_SPEC: dict[str, Any] = {"method": "off", "num_speculative_tokens": 0}  # what propose_k proposes for K = 0
@@ -235,7 +235,7 @@ class SimEngine:
         k = cfg.k_at(b)
         # T(B, K) = fixed + per_token·B·(K+1) + D·(draft_fixed + draft_per_seq·B), as StepCostModel: D = K
         # draft passes, or 1 for a table's K = 0 with a draft model (vLLM keeps the draft's KV cache in sync)
-        loaded = not cfg.off and draft_passes_at_k0({"method": self.drafts[str(cfg.draft)].method})
+        loaded = not cfg.off and method_drafts_at_k0(self.drafts[str(cfg.draft)].method)
         passes = np.where((k == 0) & loaded, 1, k)
         return (
             model.fixed_s
