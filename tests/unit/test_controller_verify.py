@@ -146,3 +146,5 @@ def test_a_draft_swap_is_judged_on_raw_rates() -> None:
     shift, note = _acceptance_shift(same_draft, good, after)
     assert shift == pytest.approx((1 + 0.9 + 0.81) / (1 + 0.3 + 0.09), rel=0.01) and "0.300 → 0.900" in note
     assert _acceptance_shift({**same_draft, "drafts": 100}, good, after) == (1.0, "")  # too few drafts before
+    for bad in (None, [], ["n/a"], "1800"):  # an older or hand-edited audit row: raw rates, no crash
+        assert _acceptance_shift({**same_draft, "accepted_per_pos": bad}, good, after) == (1.0, "")

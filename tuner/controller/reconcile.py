@@ -657,7 +657,13 @@ def _acceptance_shift(
         return 1.0, ""
     drafts_before = inputs.get("drafts")
     per_pos = inputs.get("accepted_per_pos")
-    if not isinstance(drafts_before, int) or drafts_before < _SHIFT_MIN_DRAFTS or not per_pos:
+    if (
+        not isinstance(drafts_before, int)
+        or drafts_before < _SHIFT_MIN_DRAFTS
+        or not isinstance(per_pos, list)
+        or not per_pos
+        or not isinstance(per_pos[0], int | float)
+    ):  # an audit row from before these inputs, or one edited by hand: judge on raw rates
         return 1.0, ""
     drafts_after = sum(w.spec.drafts for w in after if w.spec is not None)
     if drafts_after < _SHIFT_MIN_DRAFTS:
