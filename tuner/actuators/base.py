@@ -40,6 +40,15 @@ class ApplyResult:
     def ok(self) -> bool:
         return self.status in (ApplyStatus.APPLIED, ApplyStatus.UNCHANGED)
 
+    def event_data(self) -> dict[str, Any]:
+        """What an audit event records of this apply (the controller adds its decision id)."""
+        return {
+            "status": self.status.value,
+            "downtime_s": self.downtime_s,
+            "detail": self.detail[-1000:],
+            "config": self.config,
+        }
+
 
 class Actuator(ABC):
     """Applies speculative-decoding configs to an engine.
@@ -64,6 +73,12 @@ class Actuator(ABC):
     def needs_restart_for(self, config: SpecConfig) -> bool:
         """Whether applying ``config`` interrupts serving (the live actuator: only what it cannot do live)."""
         return self.needs_restart
+
+    def switching_cost_s(self, config: SpecConfig) -> float | None:
+        """Seconds of lost serving that applying ``config`` is expected to cost (what the switching-cost
+        rail charges a change), or None: the controller then uses the median measured gap of this
+        week's applies, else the configured ``restart_downtime_s``."""
+        return None
 
     def start(self, config: SpecConfig) -> ApplyResult:
         """Bring the engine up with ``config`` (actuators that do not manage an engine just remember it)."""

@@ -271,7 +271,9 @@ class Controller:
             needs_restart=self.actuator.needs_restart_for(outcome.target),
         )
         rails = self.settings.guardrails
-        measured_s = self.measured_downtime_s(now)
+        measured_s = self.actuator.switching_cost_s(outcome.target)
+        if measured_s is None:
+            measured_s = self.measured_downtime_s(now)
         if measured_s is not None:
             rails = replace(rails, restart_downtime_s=measured_s)
         block = check_guardrails(rails, state, proposal, now)
@@ -428,12 +430,7 @@ class Controller:
     ) -> None:
         data: dict[str, Any] = {"decision_id": decision_id}
         if result is not None:
-            data.update(
-                status=result.status.value,
-                downtime_s=result.downtime_s,
-                detail=result.detail[-1000:],
-                config=result.config,
-            )
+            data.update(result.event_data())
         self.store.write_events(
             [
                 EventRecord(
