@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
@@ -327,3 +327,58 @@ def pool_evidence(items: Iterable[SpecCounters]) -> EvidenceResult:
     if total.drafts == 0:
         return EvidenceResult(None, AlphaReason.NO_DRAFTS, "No drafts in any window: nothing to estimate α from.")
     return EvidenceResult(total, AlphaReason.OK, "")
+
+
+def effective_counters(spec: SpecCounters) -> SpecCounters | None:
+    """The counters at the K the engine actually drafted in the window.
+
+    Under a per-batch-size table the engine starts at K_max but drafts fewer tokens per step, so the
+    positions past the step's K stay zero and α̂ = A / (A + D − a_{K−1}) read at K_max would count every
+    draft as rejected. When T / D is a whole number k, every step drafted k tokens: the counters are cut
+    to k positions. A window mixing several K (T / D not whole) cannot be split from /metrics: None
+    (its tokens still count for throughput; the plugin's per-step records have the exact K).
+    """
+    if spec.drafts <= 0:
+        return spec
+    k_eff = spec.draft_tokens / spec.drafts
+    k = round(k_eff)
+    if abs(k_eff - k) > 1e-9:
+        return None
+    if k >= len(spec.accepted_per_pos) or k < 1:
+        return spec
+    if any(spec.accepted_per_pos[k:]):  # a draft longer than k was accepted: the steps mixed several K
+        return None
+    return replace(spec, accepted_per_pos=spec.accepted_per_pos[:k], num_spec_tokens=k)
+
+
+def alpha_of_windows(windows: Sequence[SpecCounters], confidence: float = 0.95) -> AlphaEstimate:
+    """α̂ and its interval for one config's windows: THE estimate every surface reports (the controller's
+    decision, ``spectuner status``, the exporters, the report, the demo).
+
+    The summed counters give it when every window drafted at the config's K. When windows drafted at
+    different K (a per-batch-size table), each window is cut to the K it drafted
+    (:func:`effective_counters`; a window mixing several K is left out) and the likelihoods are pooled:
+    the summed counters would read every short draft as a rejection at K_max. The rates (A/T, 1 + A/D)
+    are always the summed counters'.
+    """
+    summed = SpecCounters()
+    for spec in windows:
+        summed = summed + spec
+    estimate = estimate_alpha(summed, confidence=confidence)
+    effective = [e for e in (effective_counters(w) for w in windows) if e is not None]
+    ks = {e.k for e in effective if e.drafts > 0}
+    if len(ks) <= 1 and (not ks or ks == {summed.k}):
+        return estimate
+    pooled = pool_evidence(effective)
+    if pooled.evidence is None:
+        return estimate
+    alpha, ci = estimate_alpha_from_evidence(pooled.evidence, confidence)
+    if alpha is None or ci is None:
+        return estimate
+    return replace(
+        estimate,
+        alpha=alpha,
+        alpha_ci=ci,
+        evidence=pooled.evidence,
+        message=f"α = {alpha:.3f} (interval {ci[0]:.3f}–{ci[1]:.3f}) pooled over windows at K = {sorted(ks)}.",
+    )

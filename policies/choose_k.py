@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import StrEnum
 from statistics import NormalDist
@@ -26,6 +26,7 @@ import numpy as np
 
 from policies.acceptance_model import AcceptanceModel
 from policies.memory import DraftFootprint, MemoryBudget, check_memory
+from policies.spec_config import SpecConfig
 from policies.speedup import check_k
 from policies.step_cost import StepCostModel, design_matrix
 
@@ -235,3 +236,74 @@ def goodput_over_load(
     step_s = step_cost.plain_step_time_s if k == 0 else (lambda b: step_cost.step_time_s(b, k))
     rate = sum(s * b / step_s(b) for s, b in bins) / total_s if total_s > 0 else 0.0
     return LoadGoodput(k, e * rate, (e_lo * rate, e_hi * rate))
+
+
+# -- the controller's K: over the load seen, below what failed -------------------------------------------
+
+
+def failed_k_ceiling(failed: Sequence[SpecConfig], current: SpecConfig) -> int | None:
+    """The smallest single K of the running draft that failed lately (did not start, or regressed): a
+    larger K needs more memory and drafts more, so it would most likely fail too. None: none failed."""
+    return min(
+        (c.k for c in failed if c.draft == current.draft and c.k is not None and c.k > 0 and not c.k_table),
+        default=None,
+    )
+
+
+def choose_k_over_load(
+    decision: KDecision,
+    acceptance: AcceptanceModel,
+    step_cost: StepCostModel,
+    load_profile: Sequence[tuple[float, float]],
+    current_k: int,
+    failed_ks: frozenset[int] = frozenset(),
+    ceiling: int | None = None,
+) -> tuple[KDecision, tuple[tuple[float, float], ...]]:
+    """:func:`choose_k`'s decision, re-ranked for what the controller can apply: every K is scored over
+    the load profile when the load varied (one K must serve all of it, weighted by time; else at the
+    decision's batch size), Ks in ``failed_ks`` and Ks at or above ``ceiling`` (except the current K)
+    are left out. Returns the decision (its gain against ``current_k``) and the load bins it used."""
+    bins = load_bins(load_profile)
+    if len(bins) >= 2:
+        scores = {o.k: goodput_over_load(acceptance, step_cost, bins, o.k) for o in decision.by_k}
+        value = {k: g.tokens_per_s for k, g in scores.items()}
+        interval = {k: g.interval for k, g in scores.items()}
+        seconds = sum(s for s, _ in bins)
+        over = (
+            f"Over the load of the last {seconds:.0f} s (batch {bins[0][1]:.0f}–{bins[-1][1]:.0f}, weighted by "
+            "time)"
+        )
+    else:
+        value = {o.k: o.speedup for o in decision.by_k}
+        interval = {o.k: o.speedup_ci for o in decision.by_k}
+        over = ""
+        bins = ()
+    allowed = [
+        o.k
+        for o in decision.by_k
+        if o.fits_memory and (ceiling is None or o.k < ceiling or o.k == current_k) and o.k not in failed_ks
+    ]
+    best = max(allowed, key=lambda k: (value[k], -k)) if allowed else 0
+    ranked_best = max((o.k for o in decision.by_k if o.fits_memory), key=lambda k: (value[k], -k))
+    if not over and best == decision.k:
+        return decision, bins
+    speedup = value[best] / value[0] if value[0] > 0 else float("nan")
+    message = f"{over}, K = {best} maximises goodput: {speedup:.2f}× no speculation." if over else ""
+    if best != ranked_best:
+        why = (
+            f"K = {ranked_best} failed lately"
+            if ranked_best in failed_ks
+            else f"K = {ranked_best} is above K = {ceiling}, which failed lately"
+        )
+        capped = f" (K ≥ {ceiling} is not proposed while that failure is recent)" if ceiling is not None else ""
+        message = f"{why}{capped}; the best other K is {best}. {message}".strip()
+    elif not over:
+        message = decision.message
+    cur_lo = interval[current_k][0] if current_k in interval else 0.0
+    gain = value[best] / value[current_k] if current_k in value and value[current_k] > 0 else None
+    gain_ci = (
+        (interval[best][0] / interval[current_k][1], interval[best][1] / cur_lo)
+        if gain is not None and cur_lo > 0 and interval[current_k][1] > 0
+        else None
+    )
+    return replace(decision, k=best, message=message, gain_vs_current=gain, gain_vs_current_ci=gain_ci), bins

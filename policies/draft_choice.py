@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
@@ -30,9 +30,10 @@ from scipy import stats
 
 from policies.acceptance import AcceptanceEvidence, AlphaReason, evidence_from_counters
 from policies.acceptance_model import ConstantAlphaModel
-from policies.choose_k import KChoiceSnapshot, KDecision, choose_k
+from policies.choose_k import KChoiceSnapshot, KDecision, choose_k, evaluate_k
 from policies.counters import SpecCounters
 from policies.memory import FREE_METHODS, DraftFootprint, MemoryBudget, weight_bytes
+from policies.spec_config import OFF, RESERVED_KEYS, KRow, SpecConfig
 from policies.speedup import check_alpha
 from policies.step_cost import StepCostModel
 
@@ -469,3 +470,47 @@ def choose_draft(snapshot: DraftChoiceSnapshot) -> DraftDecision:
         tuple(ranking),
         current_score,
     )
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def spec_for(candidate: DraftCandidate, k: int, table: Sequence[KRow] | None = None) -> SpecConfig:
+    """The config running ``candidate`` at K (and a per-batch-size table); K = 0 without a table is off."""
+    if k <= 0 and table is None:
+        return OFF
+    extra = {key: v for key, v in candidate.speculative_config.items() if key not in RESERVED_KEYS}
+    config = SpecConfig(candidate.method, candidate.path or None, int(k), extra=extra)
+    return config if table is None else config.with_table(table, int(k))
+
+
+def running_speedup(
+    score: CandidateScore,
+    cost_ratio: float,
+    target: StepCostModel,
+    current_k: int,
+    batch_size: int,
+    confidence: float = 0.95,
+) -> tuple[float, tuple[float, float]] | None:
+    """The running config's speedup over plain decoding at the K it runs now, from its ranking entry: a
+    swap's gain is measured against what is in force, not against the running draft at its best K. The
+    draft's cost is ``cost_ratio`` × the target's (``target``'s draft terms are not the running draft's)."""
+    model = StepCostModel(
+        fixed_s=target.fixed_s,
+        per_token_s=target.per_token_s,
+        draft_fixed_s=cost_ratio * target.fixed_s,
+        draft_per_seq_s=cost_ratio * target.per_token_s,
+    )
+    lo, hi = score.alpha_ci
+    option = evaluate_k(
+        KChoiceSnapshot(
+            now=_EPOCH,  # evaluate_k does not read the time
+            acceptance=ConstantAlphaModel(score.alpha, min(lo, score.alpha), max(hi, score.alpha)),
+            step_cost=model,
+            batch_size=batch_size,
+            k_max=max(current_k, 1),
+            confidence=confidence,
+        ),
+        current_k,
+    )
+    return (option.speedup, option.speedup_ci) if option.speedup > 0 else None

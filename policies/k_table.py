@@ -1,4 +1,4 @@
-"""The per-batch-size K table for vLLM's ``num_speculative_tokens_per_batch_size``.
+"""The per-batch-size K table (vLLM's speculative config's per-batch-size rows, see ``policies.spec_config``).
 
 Purely computational. For every batch size 1..max_batch_size the best K is chosen by
 :func:`policies.choose_k.choose_k` (memory checked at that many running sequences); equal neighbours
@@ -16,8 +16,9 @@ from datetime import datetime
 from enum import StrEnum
 
 from policies.acceptance_model import AcceptanceModel
-from policies.choose_k import KChoiceSnapshot, KDecision, choose_k
+from policies.choose_k import KChoiceSnapshot, KDecision, choose_k, evaluate_k
 from policies.memory import DraftFootprint, MemoryBudget
+from policies.spec_config import KRow, k_at
 from policies.speedup import check_k
 from policies.step_cost import StepCostModel
 
@@ -76,7 +77,7 @@ class KTable:
     decisions: tuple[KDecision, ...] = field(repr=False)
 
     def as_vllm(self) -> list[list[int]]:
-        """The value for ``speculative_config["num_speculative_tokens_per_batch_size"]``."""
+        """The rows as vLLM's JSON takes them (``SpecConfig.with_table`` takes them too)."""
         return [list(row) for row in self.rows]
 
     def k_for(self, batch_size: int) -> int:
@@ -142,3 +143,48 @@ def k_table(snapshot: KTableSnapshot) -> KTable:
             ),
         )
     return KTable(rows, reason, message, min(speedups), max(speedups), decisions)
+
+
+@dataclass(frozen=True)
+class TableGain:
+    """Generated tokens of a new table over the old one's, on one load profile, with the interval from α's."""
+
+    gain: float
+    interval: tuple[float, float]
+
+
+def table_gain_over_load(
+    now: datetime,
+    acceptance: AcceptanceModel,
+    step_cost: StepCostModel,
+    new_rows: Sequence[KRow],
+    old_rows: Sequence[KRow],
+    profile: Sequence[tuple[float, float]],
+    max_batch_size: int,
+    k_engine: int,
+    confidence: float = 0.95,
+) -> TableGain | None:
+    """Σ seconds · speedup(K of each table at the window's batch size) over ``profile`` ((seconds, requests
+    running) per window), new over old. Both tables keep the draft loaded (a row's K = 0 still pays a draft
+    model's pass when ``step_cost`` says so). None when the profile holds nothing to judge on."""
+    new_tokens = old_tokens = 0.0
+    new_lo = new_hi = old_lo = old_hi = 0.0
+    for dur, running in profile:
+        b = min(max(1, round(running)), max_batch_size)
+        snap = KChoiceSnapshot(
+            now=now,
+            acceptance=acceptance,
+            step_cost=step_cost,
+            batch_size=b,
+            k_max=k_engine,
+            confidence=confidence,
+            k0_is_off=False,
+        )
+        new, old = evaluate_k(snap, k_at(new_rows, b)), evaluate_k(snap, k_at(old_rows, b))
+        new_tokens += dur * new.speedup
+        old_tokens += dur * old.speedup
+        new_lo, new_hi = new_lo + dur * new.speedup_ci[0], new_hi + dur * new.speedup_ci[1]
+        old_lo, old_hi = old_lo + dur * old.speedup_ci[0], old_hi + dur * old.speedup_ci[1]
+    if old_tokens <= 0 or old_lo <= 0:
+        return None
+    return TableGain(new_tokens / old_tokens, (new_lo / old_hi, new_hi / old_lo))

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from policies.spec_config import SpecConfig
 from tuner.alerts.settings import AlertsSection
 from tuner.exporters.settings import ExportersSection
 
@@ -175,12 +176,13 @@ class SpeculativeSection(_Section):
             raise ValueError(f'method {self.method!r} needs a draft: set model = "/path/to/draft"')
         return self
 
-    def to_spec_config(self) -> dict[str, Any]:
-        cfg: dict[str, Any] = {"method": self.method, "num_speculative_tokens": self.num_speculative_tokens}
-        if self.model:
-            cfg["model"] = self.model
-        cfg.update(self.extra)
-        return cfg
+    def to_spec_config(self) -> SpecConfig:
+        """The config the engine starts with, typed (this table mirrors vLLM's JSON, keys included)."""
+        return SpecConfig.from_vllm(
+            {"method": self.method, "num_speculative_tokens": self.num_speculative_tokens}
+            | ({"model": self.model} if self.model else {})
+            | self.extra
+        )
 
 
 class StepCostSection(_Section):
@@ -206,7 +208,7 @@ class PolicySection(_Section):
     confidence: float = Field(default=0.95, gt=0.5, lt=1.0)
     per_batch_size: bool = Field(
         default=False,
-        description="choose vLLM's num_speculative_tokens_per_batch_size table (K per load) instead of one K; "
+        description="choose vLLM's per-batch-size K table (K per load) instead of one K; "
         "the engine then runs at K = k_max and the table picks K per step",
     )
     max_batch_size: int = Field(default=16, ge=1, le=4096, description="the table's last row (vLLM --max-num-seqs)")

@@ -21,286 +21,30 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
-from pathlib import Path
 from types import FrameType
-from typing import Any, TypeVar
 
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from collectors.records import EngineSample, EventRecord, RecordSink, RequestRecord, StepRecord, WindowRecord
+from collectors.records import EventRecord
 from collectors.scrape import Collector, metrics_url, utc_now
-from collectors.step_ingest import StepFeed, StepIngestServer
-from collectors.vllm_plugin.client import ControlClient
-from collectors.vllm_plugin.wire import STEPS_PATH
-from policies.draft_choice import DraftCandidate, DraftTriggerConfig, TriggerStatistic
-from policies.memory import MemoryBudget
-from policies.step_cost import StepCostModel
-from tuner.actuators import Actuator, CommandActuator, NullActuator, RestartActuator, WebhookActuator
-from tuner.actuators.live import LiveActuator, load_or_create_token, plugin_env
+from collectors.step_ingest import StepFeed
+from tuner.actuators import Actuator
 from tuner.config import SpectunerConfig
-from tuner.controller.candidates import build_candidate
-from tuner.controller.drafts import registered_drafts
-from tuner.controller.guardrails import GuardrailSettings, MaintenanceWindowSpec
-from tuner.controller.policy import PolicySettings
-from tuner.controller.reconcile import Controller, ControllerSettings, TickResult
-from tuner.controller.step_cost import StepCostFitSettings
-from tuner.exporters.observers import Observers, ObserverStartError
+from tuner.controller.audit import TickResult
+from tuner.controller.controller import Controller
+from tuner.observers import Observers, ObserverStartError
 from tuner.store import AppliedBy, RetentionPolicy, Store, run_retention
 from tuner.store.deliveries import prune_deliveries
+from tuner.store.tagging import ConfigTaggingSink
+from tuner.wiring import DaemonStartError, build_actuator, build_step_ingest, controller_settings, draft_candidates
 
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], datetime]
-
-
-class DaemonStartError(RuntimeError):
-    """The daemon could not start (the engine did not come up, ...)."""
-
-
-def health_url_for(config: SpectunerConfig) -> str:
-    if config.engine.health_url:
-        return config.engine.health_url
-    target = metrics_url(config.engine.metrics_url)
-    return target.rsplit("/", 1)[0] + "/health"
-
-
-def _sidecar_starts_engine(config: SpectunerConfig) -> bool:
-    a = config.actuator
-    return a.kind == "restart" or (a.kind == "live" and a.live is not None and a.live.fallback == "restart")
-
-
-def plugin_token(config: SpectunerConfig) -> str | None:
-    """The shared plugin token (``[plugin] token_file``), created when the sidecar starts the engine."""
-    p = config.plugin
-    if not (p.ingest_listen or p.control_address):
-        return None
-    path = config.resolve(p.token_file)
-    try:
-        return load_or_create_token(path, create=_sidecar_starts_engine(config))
-    except ValueError as exc:
-        if p.control_address:
-            raise DaemonStartError(f"[plugin] control_address needs a token: {exc}") from None
-        return None  # ingest only: loopback without a token
-
-
-def engine_plugin_env(config: SpectunerConfig) -> dict[str, str]:
-    """Environment for an engine the sidecar starts, so the spectuner vLLM plugin in it finds the sidecar."""
-    p = config.plugin
-    if not (p.ingest_listen or p.control_address):
-        return {}
-    return plugin_env(
-        ingest_url=f"http://{p.ingest_listen}{STEPS_PATH}" if p.ingest_listen else None,
-        control_address=p.control_address,
-        token_file=config.resolve(p.token_file),
-    )
-
-
-def build_step_ingest(config: SpectunerConfig, sink: RecordSink, feed: StepFeed) -> StepIngestServer | None:
-    """The per-step ingest endpoint (``[plugin] ingest_listen``), or None when it is not configured."""
-    listen = config.plugin.ingest_listen
-    if not listen:
-        return None
-    host, _, port = listen.rpartition(":")
-    return StepIngestServer(
-        sink,
-        metrics_url(config.engine.metrics_url),
-        host="127.0.0.1" if host == "localhost" else host,
-        port=int(port),
-        token=plugin_token(config),
-        feed=feed,
-    )
-
-
-def build_actuator(config: SpectunerConfig, feed: StepFeed | None = None, kind: str | None = None) -> Actuator:
-    a = config.actuator
-    kind = kind or a.kind
-    if kind == "live" and a.live is not None and config.plugin.control_address:
-        return LiveActuator(
-            ControlClient(config.plugin.control_address, plugin_token(config) or "", a.live.control_timeout_s),
-            build_actuator(config, feed, kind=a.live.fallback),  # the fallback for what cannot be live
-            feed=feed if config.plugin.ingest_listen else None,  # no step stream: verify by read-back only
-            k_max=a.live.k_max or config.policy.k_max,
-            verify_timeout_s=a.live.verify_timeout_s,
-            min_evidence_steps=a.live.min_evidence_steps,
-        )
-    if kind == "restart" and a.restart is not None:
-        return RestartActuator(
-            a.restart.argv,
-            health_url_for(config),
-            config.resolve(a.restart.log_path),
-            startup_timeout_s=a.restart.startup_timeout_s,
-            shutdown_timeout_s=a.restart.shutdown_timeout_s,
-            pass_shutdown_timeout=a.restart.pass_shutdown_timeout,
-            env={**a.restart.env, **engine_plugin_env(config)},
-        )
-    if kind == "command" and a.command is not None:
-        return CommandActuator(a.command.argv, a.command.timeout_s)
-    if kind == "webhook" and a.webhook is not None:
-        return WebhookActuator(a.webhook.url, a.webhook.timeout_s, a.webhook.headers)
-    return NullActuator()
-
-
-def controller_settings(config: SpectunerConfig) -> ControllerSettings:
-    g, p, c = config.guardrails, config.policy, config.controller
-    return ControllerSettings(
-        metrics_url=metrics_url(config.engine.metrics_url),
-        mode=c.mode.value,
-        model_name=config.engine.model_name,
-        evidence_window_s=p.evidence_window_s,
-        load_horizon_s=p.load_horizon_s,
-        verify_window_s=c.verify_window_s,
-        regression_tolerance=c.regression_tolerance,
-        history_s=config.swap.history_s,
-        step_cost_fit=(
-            StepCostFitSettings(
-                horizon_s=p.step_cost_horizon_s,
-                min_steps=p.step_cost_min_steps,
-                cell_min_steps=p.step_cost_cell_min_steps,
-                refit_interval_s=p.step_cost_refit_s,
-            )
-            if p.step_cost_fit
-            else None
-        ),
-        guardrails=GuardrailSettings(
-            min_drafts=g.min_drafts,
-            min_evidence_s=g.min_evidence_s,
-            min_gain=g.min_gain,
-            hysteresis_ticks=g.hysteresis_ticks,
-            cooldown_s=g.cooldown_s,
-            max_changes_per_hour=g.max_changes_per_hour,
-            restart_downtime_s=g.restart_downtime_s,
-            payback_horizon_s=g.payback_horizon_s,
-            maintenance_windows=tuple(
-                MaintenanceWindowSpec(w.start, w.end, tuple(w.days)) for w in g.maintenance_windows
-            ),
-        ),
-        policy=policy_settings(config),
-    )
-
-
-def policy_settings(config: SpectunerConfig) -> PolicySettings:
-    p, m, w = config.policy, config.memory, config.swap
-    step_cost = None
-    if p.step_cost is not None:
-        sc = p.step_cost
-        step_cost = StepCostModel(sc.fixed_s, sc.per_token_s, sc.draft_fixed_s, sc.draft_per_seq_s)
-    memory = None
-    if m.budget_bytes is not None:
-        memory = MemoryBudget(
-            budget_bytes=m.budget_bytes,
-            target_kv_bytes_per_token=m.target_kv_bytes_per_token,
-            tokens_per_seq=m.tokens_per_seq,
-        )
-    swap = None
-    if w.enabled:
-        swap = DraftTriggerConfig(
-            threshold=w.threshold,
-            duration_s=w.duration_s,
-            min_drafts=w.min_drafts,
-            statistic=TriggerStatistic(w.statistic),
-            segments=w.segments,
-            prior_strength_trials=w.prior_strength_trials,
-            confidence=p.confidence,
-        )
-    return PolicySettings(
-        k_max=p.k_max,
-        cost_ratio=p.cost_ratio,
-        confidence=p.confidence,
-        step_cost=step_cost,
-        per_batch_size=p.per_batch_size,
-        max_batch_size=p.max_batch_size,
-        target_params=p.target_params,
-        memory=memory,
-        swap=swap,
-    )
-
-
-def draft_candidates(config: SpectunerConfig, store: Store) -> list[DraftCandidate]:
-    """The config file's ``[[drafts]]`` and the operator's registry (``spectuner drafts add``); a
-    registry entry with the same name as a file entry replaces it."""
-    out: dict[str, DraftCandidate] = {}
-    for d in config.drafts:
-        out[d.name] = build_candidate(
-            d.name,
-            d.method,
-            str(config.resolve(d.model)) if d.model and Path(config.resolve(d.model)).exists() else d.model,
-            num_params=d.num_params,
-            dtype=d.dtype,
-            kv_bytes=d.kv_bytes_per_token,
-            prior_alpha=d.prior_alpha,
-            cost_ratio=d.cost_ratio,
-            extra=d.extra,
-        )
-    for spec in registered_drafts(store):
-        out[spec.name] = build_candidate(
-            spec.name,
-            spec.method,
-            spec.model,
-            num_params=spec.num_params,
-            dtype=spec.dtype,
-            kv_bytes=spec.kv_bytes_per_token,
-            extra=spec.extra,
-        )
-    return list(out.values())
-
-
-_Tagged = TypeVar("_Tagged", WindowRecord, StepRecord)
-
-
-class ConfigTaggingSink:
-    """Passes records to the store, stamping windows with the id of the config in force for their
-    engine series (so rollups and later analysis can split by config)."""
-
-    def __init__(self, store: Store) -> None:
-        self.store = store
-
-    def _tag(
-        self, records: Sequence[_Tagged], at: Callable[[_Tagged], datetime], ids: dict[Any, int | None] | None = None
-    ) -> list[_Tagged]:
-        """Each record's ``config_id``: the config in force for its series at the first record's time."""
-        ids = {} if ids is None else ids
-        tagged = []
-        for r in records:
-            if r.key not in ids:
-                cfg = self.store.config_at(r.key, at(r))
-                ids[r.key] = cfg.id if cfg is not None else None
-            tagged.append(replace(r, config_id=ids[r.key]) if r.config_id is None else r)
-        return tagged
-
-    def write_windows(self, records: Sequence[WindowRecord]) -> None:
-        self.store.write_windows(self._tag(records, lambda w: w.start))
-
-    def write_scrape(
-        self,
-        windows: Sequence[WindowRecord],
-        events: Sequence[EventRecord] = (),
-        baselines: Sequence[EngineSample] = (),
-    ) -> None:
-        self.store.write_scrape(self._tag(windows, lambda w: w.start), events, baselines)
-
-    def baselines(self, url: str) -> Sequence[EngineSample]:
-        return self.store.baselines(url)
-
-    def write_requests(self, records: Sequence[RequestRecord]) -> None:
-        self.store.write_requests(records)
-
-    def write_steps(self, records: Sequence[StepRecord]) -> None:
-        self.store.write_steps(self._tag(records, lambda s: s.ts))
-
-    def write_windows_and_steps(self, windows: Sequence[WindowRecord], steps: Sequence[StepRecord]) -> None:
-        """Windows and the steps of the same interval, tagged with one config lookup per series (the
-        simulator's flush: one decide interval under one config)."""
-        ids: dict[Any, int | None] = {}
-        self.store.write_windows(self._tag(windows, lambda w: w.start, ids))
-        if steps:
-            self.store.write_steps(self._tag(steps, lambda s: s.ts, ids))
-
-    def write_events(self, records: Sequence[EventRecord]) -> None:
-        self.store.write_events(records)
 
 
 class _SkippedWhileBusy(logging.Filter):
@@ -357,13 +101,13 @@ class Daemon:
         now = self.clock()
         closed = self.controller.recover(now)
         spec, source = self.controller.config_to_start(self.config.speculative.to_spec_config())
-        result = self.actuator.start(spec)
+        result = self.actuator.start(spec.to_vllm())
         if not result.ok and source == "database":
             # The recorded config does not start any more (a draft path went away...): try the file's.
             log.warning("engine did not start with the recorded config (%s); trying the config file's", result.message)
             spec = self.config.speculative.to_spec_config()
             source = "config file"
-            result = self.actuator.start(spec)
+            result = self.actuator.start(spec.to_vllm())
         if not result.ok:
             raise DaemonStartError(f"the engine did not start: {result.message}\n{result.detail}".rstrip())
         # A baseline scrape names the engine series, so the starting config is recorded against them
@@ -373,7 +117,7 @@ class Daemon:
             self.store.upsert_engine(sample.key, seen_at=sample.ts, cache_config=sample.cache_config or None)
         applied_by = AppliedBy.STARTUP if self.actuator.kind in ("restart", "live") else AppliedBy.OBSERVED
         self.controller.sync_configs(self.clock(), applied_by)
-        message = f"engine config from the {source}: {spec}" + (
+        message = f"engine config from the {source}: {spec.describe()}" + (
             f"; closed {len(closed)} interrupted apply(s)" if closed else ""
         )
         log.info("daemon: %s", message)

@@ -22,10 +22,9 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-from policies.acceptance import estimate_alpha
+from policies.acceptance import alpha_of_windows
 from tuner.config import parse_config
-from tuner.controller.evidence import effective_counters
-from tuner.controller.reconcile import TickResult
+from tuner.controller.audit import TickResult
 from tuner.daemon import Daemon
 from tuner.lab.closed_loop import LoopSettings, lab_daemon_config
 from tuner.lab.models import build_models
@@ -116,9 +115,8 @@ def _status_line(store: Store, daemon: Daemon, load: BackgroundLoad, t0: float, 
     alpha, k_drafted = "-", "-"
     if w is not None and w.spec is not None and w.spec.drafts > 0:
         k_drafted = f"{w.spec.draft_tokens / w.spec.drafts:.1f}"
-        eff = effective_counters(w.spec)
-        est = estimate_alpha(eff) if eff is not None else None
-        if est is not None and est.alpha is not None and est.alpha_ci is not None:
+        est = alpha_of_windows([w.spec])  # the controller's estimate, on the latest window
+        if est.alpha is not None and est.alpha_ci is not None:
             alpha = f"{est.alpha:.2f} [{est.alpha_ci[0]:.2f},{est.alpha_ci[1]:.2f}]"
     elif w is not None:
         k_drafted = "0"

@@ -127,7 +127,7 @@ def build_config(
         fail_usage(f"--draft {draft} needs --k N (num_speculative_tokens) or a --k-table")
     spec = _find_draft(store, cfg, draft)
     try:
-        config = spec.to_spec_config(k)
+        config = spec.to_spec_config(k).to_vllm()
     except ValueError as exc:
         fail_usage(f"--k: {exc}")
     if table is not None:
@@ -262,7 +262,7 @@ def _write(store: Any, proposed: dict[str, Any], key: Any, who: str) -> int:
 def _warnings(store: Any, key: Any, previous: dict[str, Any] | None, proposed: dict[str, Any]) -> list[str]:
     from tuner.actuators.base import config_fingerprint
     from tuner.controller import manual
-    from tuner.controller.reconcile import CHANGE
+    from tuner.controller.audit import CHANGE
     from tuner.store import DecisionStatus
 
     out = []

@@ -25,6 +25,7 @@ from policies.acceptance_model import ConstantAlphaModel
 from policies.choose_k import KChoiceSnapshot, KDecision, choose_k
 from policies.k_table import KTableSnapshot, k_table
 from policies.memory import FREE_METHODS, DraftFootprint, MemoryBudget, kv_bytes_per_token, weight_bytes
+from policies.spec_config import K_TABLE_KEY
 from policies.step_cost import StepCostModel
 from tuner.cli.common import fail_usage, out_console, print_json
 
@@ -241,7 +242,7 @@ def register(app: typer.Typer) -> None:
                 }
                 for b in sizes
             ]
-            out["num_speculative_tokens_per_batch_size"] = table.as_vllm()
+            out[K_TABLE_KEY] = table.as_vllm()  # vLLM's key: the row list pastes into --speculative-config
             out["table_message"] = table.message
         if as_json:
             print_json(out)
@@ -261,6 +262,6 @@ def _print_human(out: dict[str, Any]) -> None:
         for row in out["per_batch_size"]:
             per_b.add_row(str(row["batch_size"]), str(row["best_k"]), f"{row['speedup']:.3f}×")
         out_console.print(per_b)
-        rows = json.dumps(out["num_speculative_tokens_per_batch_size"])
-        out_console.print(f"num_speculative_tokens_per_batch_size: {rows}", highlight=False)
+        rows = json.dumps(out[K_TABLE_KEY])
+        out_console.print(f"{K_TABLE_KEY}: {rows}", highlight=False)
         out_console.print(out["table_message"], highlight=False)

@@ -48,7 +48,7 @@ def run(
             "mode": cfg.controller.mode.value,
             "actuator": cfg.actuator.kind,
             "metrics_url": cfg.engine.metrics_url,
-            "speculative_config": cfg.speculative.to_spec_config(),
+            "speculative_config": cfg.speculative.to_spec_config().to_vllm(),
         }
         store.close()
         if as_json:
@@ -58,7 +58,7 @@ def run(
                 typer.echo(f"{k}: {v}")
         return
 
-    from tuner.controller.reconcile import TickResult
+    from tuner.controller.audit import TickResult
     from tuner.daemon import Daemon, DaemonStartError
 
     def show(result: TickResult) -> None:

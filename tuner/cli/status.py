@@ -78,9 +78,9 @@ def _engine_url(text: str | None) -> str | None:
 
 def gather(store: Any, now: datetime, window_s: float, events_window_s: float, url: str | None) -> dict[str, Any]:
     """The status document (the ``--json`` output)."""
-    from policies.acceptance import estimate_alpha
+    from policies.acceptance import alpha_of_windows
     from tuner.controller import manual
-    from tuner.controller.reconcile import CHANGE
+    from tuner.controller.audit import CHANGE
     from tuner.store import DecisionStatus
     from tuner.store.url import render_url
 
@@ -101,8 +101,17 @@ def gather(store: Any, now: datetime, window_s: float, events_window_s: float, u
             continue
         current = store.current_config(key)
         latest = store.latest_window(key)
-        totals = store.window_totals(key, since, now + timedelta(microseconds=1))
-        est = estimate_alpha(totals.spec)
+        until = now + timedelta(microseconds=1)
+        totals = store.window_totals(key, since, until)
+        # α̂ as the controller reads it: the config in force's windows, each at the K it drafted
+        started = current.config.started_at if current is not None else None
+        est = alpha_of_windows(
+            [
+                w.spec
+                for w in store.windows(key, since, until)
+                if w.spec is not None and (started is None or w.start >= started)
+            ]
+        )
         last = store.decisions(key=key, limit=1, newest_first=True)
         severities = Counter(e.severity for e in store.events(events_since, None, key=key))
         engines.append(
@@ -192,22 +201,26 @@ def _decision(d: Any) -> dict[str, Any]:
 
 
 def describe_config(c: dict[str, Any] | None) -> str:
-    """One line for a config dict as ``_config`` or a vLLM speculative-config gives it."""
+    """One line for a config as ``_config`` (stored columns) or vLLM's speculative config gives it."""
+    from policies.spec_config import SpecConfig
+
     if c is None:
         return "unknown (nothing recorded yet)"
-    method = c.get("method", "?")
-    if method == "off":
-        return "speculation off"
-    draft = c.get("draft_model") or c.get("model")
-    k = c.get("num_spec_tokens", c.get("num_speculative_tokens"))
-    table = c.get("k_table") or c.get("num_speculative_tokens_per_batch_size")
-    parts = [str(method)]
-    if draft:
-        parts.append(str(draft))
-    parts.append(f"K={k}")
-    if table:
-        parts.append("per batch size " + ", ".join(f"{lo}-{hi}:{kk}" for lo, hi, kk in table))
-    return " ".join(parts)
+    if isinstance(c.get("spec_config"), dict):
+        c = c["spec_config"]
+    elif "num_spec_tokens" in c or "draft_model" in c:
+        table = c.get("k_table")
+        spec = SpecConfig(
+            str(c.get("method", "?")),
+            c.get("draft_model"),
+            c.get("num_spec_tokens"),
+            tuple(tuple(r) for r in table) if table else None,  # type: ignore[misc]
+        )
+        return spec.describe()
+    try:
+        return SpecConfig.from_vllm(c).describe()
+    except ValueError as exc:
+        return f"unreadable config ({exc})"
 
 
 def _fmt(value: Any, digits: int = 3) -> str:

@@ -1,9 +1,14 @@
-"""The controller: evidence from the store → policy → guardrails → actuator → verify → audit.
+"""The controller: context from the store → policy → guardrails → actuator → verify → audit.
 
-Modules: ``evidence`` (snapshot from the store), ``policy`` (proposal from the policies package),
-``candidates`` (draft candidates), ``guardrails`` (pure rails), ``verify`` (pure realized-gain
-judgement), ``manual`` (pause, resume, override rows), ``drafts`` (the operator's draft registry),
-``reconcile`` (the :class:`Controller` that ties them together).
+Modules (docs/architecture.md has the reading order): ``controller`` (the :class:`Controller`, one
+decision and one verification), ``context`` (the only store reads of a decision: a typed
+:class:`DecisionContext`, the :class:`ControllerMemory` carried between ticks, the audit's
+:class:`DecisionInputs`), ``evidence`` (the store queries behind the context), ``policy`` (pure,
+composed from ``policies/``), ``guardrails`` (pure rails), ``apply`` (actuator and audit),
+``verify`` (pure realized-gain judgement), ``recovery`` (start-up after a crash), ``audit`` (rows and
+events), ``settings`` (built from the config file's sections), ``step_cost`` (T(B, K) from the
+plugin's steps), ``candidates`` and ``drafts`` (draft candidates and the operator's registry),
+``manual`` (pause, resume, override rows).
 
 The package-level names load their modules on first use: the admin CLI imports ``manual`` and
 ``drafts`` and should not pay for scipy (the policies) on every command.
@@ -18,19 +23,20 @@ _WHERE = {
     "Block": "guardrails",
     "BlockReason": "guardrails",
     "ControllerState": "guardrails",
-    "GuardrailSettings": "guardrails",
-    "MaintenanceWindowSpec": "guardrails",
     "Proposal": "guardrails",
     "check_guardrails": "guardrails",
     "PolicyOutcome": "policy",
     "PolicyReason": "policy",
-    "PolicySettings": "policy",
     "propose": "policy",
     "propose_k": "policy",
-    "CHANGE": "reconcile",
-    "Controller": "reconcile",
-    "ControllerSettings": "reconcile",
-    "TickResult": "reconcile",
+    "PolicySettings": "settings",
+    "ControllerSettings": "settings",
+    "CHANGE": "audit",
+    "TickResult": "audit",
+    "Controller": "controller",
+    "ControllerMemory": "context",
+    "DecisionContext": "context",
+    "DecisionInputs": "context",
 }
 
 

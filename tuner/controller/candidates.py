@@ -13,17 +13,15 @@ from __future__ import annotations
 import json
 import logging
 import struct
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from policies.draft_choice import DraftCandidate
 from policies.memory import FREE_METHODS, kv_bytes_per_token
+from policies.spec_config import SpecConfig
 
 log = logging.getLogger(__name__)
-
-DRAFT_KEYS = ("method", "model")
-
 
 def read_model_config(path: str | None) -> dict[str, Any] | None:
     """The parsed ``config.json`` of a local model directory, else None (hub name, unreadable)."""
@@ -103,13 +101,14 @@ def build_candidate(
     )
 
 
-def same_draft(spec: Mapping[str, Any], candidate: DraftCandidate) -> bool:
-    """Whether a speculative config runs this candidate (same method and draft model)."""
-    if spec.get("method") != candidate.method:
+def same_draft(spec: SpecConfig, candidate: DraftCandidate) -> bool:
+    """Whether a speculative config runs this candidate (same method and draft model; paths compared
+    resolved, so ``./drafts/x`` and ``/srv/drafts/x`` are one draft)."""
+    if spec.method != candidate.method:
         return False
     if candidate.free:
         return True
-    return _norm(spec.get("model")) == _norm(candidate.path)
+    return _norm(spec.model) == _norm(candidate.path)
 
 
 def _norm(path: Any) -> str | None:
@@ -120,35 +119,20 @@ def _norm(path: Any) -> str | None:
 
 
 def current_candidate(
-    spec: Mapping[str, Any], candidates: Sequence[DraftCandidate], default_cost_ratio: float | None
+    spec: SpecConfig, candidates: Sequence[DraftCandidate], default_cost_ratio: float | None
 ) -> tuple[DraftCandidate | None, list[DraftCandidate]]:
     """The candidate the engine runs now and the full list (the running draft is added, named after
     its path, when no configured candidate matches it)."""
     for c in candidates:
         if same_draft(spec, c):
             return c, list(candidates)
-    method = spec.get("method")
-    if not isinstance(method, str) or method == "off":
+    if spec.is_off:
         return None, list(candidates)
-    model = spec.get("model") if isinstance(spec.get("model"), str) else None
-    if method not in FREE_METHODS and not model:
+    if spec.method not in FREE_METHODS and not spec.model:
         return None, list(candidates)
-    name = "current:" + (Path(model).name if model else method)
-    running = build_candidate(name, method, model, cost_ratio=default_cost_ratio)
+    name = "current:" + (Path(spec.model).name if spec.model else spec.method)
+    running = build_candidate(name, spec.method, spec.model, cost_ratio=default_cost_ratio)
     return running, [*candidates, running]
-
-
-def spec_config_for(candidate: DraftCandidate, k: int, table: Iterable[Sequence[int]] | None = None) -> dict[str, Any]:
-    """vLLM's ``--speculative-config`` running ``candidate`` at K (and a per-batch-size table)."""
-    if k <= 0 and table is None:
-        return {"method": "off", "num_speculative_tokens": 0}
-    cfg: dict[str, Any] = {"method": candidate.method, "num_speculative_tokens": int(k)}
-    if candidate.path:
-        cfg["model"] = candidate.path
-    cfg.update(dict(candidate.speculative_config))
-    if table is not None:
-        cfg["num_speculative_tokens_per_batch_size"] = [[int(x) for x in row] for row in table]
-    return cfg
 
 
 __all__ = [
@@ -157,5 +141,4 @@ __all__ = [
     "current_candidate",
     "read_model_config",
     "same_draft",
-    "spec_config_for",
 ]

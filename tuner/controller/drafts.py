@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
+from policies.spec_config import RESERVED_KEYS, SpecConfig
 from tuner.store import DecisionRecord, Store, StoredDecision
 
 log = logging.getLogger(__name__)
@@ -30,7 +31,7 @@ FREE_METHODS = frozenset({"ngram", "suffix"})
 DRAFT_METHODS = MODEL_METHODS | FREE_METHODS
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,63}$")
 # Keys the registry owns; ``extra`` may not set them (they would silently override the spec).
-_RESERVED = frozenset({"method", "model", "num_speculative_tokens", "num_speculative_tokens_per_batch_size"})
+_RESERVED = RESERVED_KEYS
 
 
 class DraftRegistryError(ValueError):
@@ -81,16 +82,11 @@ class DraftSpec:
             if isinstance(value, float) and not math.isfinite(value):
                 raise DraftRegistryError(f"draft {self.name!r}: extra[{key!r}] is {value}; use a finite number")
 
-    def to_spec_config(self, k: int) -> dict[str, Any]:
-        """vLLM's ``--speculative-config`` for this draft at K = ``k``."""
+    def to_spec_config(self, k: int) -> SpecConfig:
+        """This draft at K = ``k``."""
         if isinstance(k, bool) or not isinstance(k, int) or k < 0:
             raise DraftRegistryError(f"K must be an integer ≥ 0 but got {k!r}")
-        config: dict[str, Any] = {"method": self.method}
-        if self.model:
-            config["model"] = self.model
-        config["num_speculative_tokens"] = k
-        config.update(self.extra)
-        return config
+        return SpecConfig(self.method, self.model or None, k, extra=dict(self.extra))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

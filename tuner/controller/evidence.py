@@ -1,132 +1,19 @@
-"""Build the controller's frozen snapshot of evidence from the store (the only store reads a decision needs).
-
-Evidence is the windows of the engine series under the config now in force, ending in the last
-``evidence_window_s`` and starting after the config did (a window that spans a restart mixes two
-configs and is left out).
-"""
+"""Store reads behind a decision context (:mod:`tuner.controller.context`): windows under a config,
+their sums, the load over a horizon, the swap trigger's windows and each candidate's measured α."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
 
 from collectors.records import EngineKey, WindowRecord
-from policies.acceptance import AcceptanceEvidence, evidence_from_counters
+from policies.acceptance import AcceptanceEvidence, effective_counters, evidence_from_counters
 from policies.counters import SpecCounters
 from policies.draft_choice import DraftCandidate, SpecWindow
-from policies.step_cost import StepCostModel
+from policies.spec_config import SpecConfig
 from tuner.store import Store, StoredConfig
-
-
-@dataclass(frozen=True)
-class Evidence:
-    """What was measured under the current config. Rates are generated tokens per second."""
-
-    now: datetime
-    keys: tuple[EngineKey, ...]
-    config: StoredConfig
-    spec: SpecCounters
-    windows: int
-    duration_s: float
-    generation_tokens: float
-    window_rates: tuple[float, ...]  # generated tokens / s, one per window (for the noise of a comparison)
-    mean_batch_size: float | None  # mean requests running
-    # (duration s, requests running) per window: the load profile a per-batch-size table is judged on
-    batch_profile: tuple[tuple[float, float], ...] = ()
-    # Each window's counters at its effective K (see effective_counters): α is pooled over these
-    window_specs: tuple[SpecCounters, ...] = ()
-    # For the draft-swap policy (filled by the controller when candidates are configured):
-    trigger_windows: tuple[SpecWindow, ...] = ()  # the current config's windows over the swap duration
-    candidates: tuple[DraftCandidate, ...] = ()
-    history: Mapping[str, AcceptanceEvidence] = field(default_factory=dict)  # candidate name → measured α
-    failed_configs: tuple[dict[str, Any], ...] = ()  # configs that failed to apply lately (not proposed again)
-    # T(B, K) fitted from the plugin's per-step records (tuner.controller.step_cost); None: not enough steps
-    step_cost: StepCostModel | None = None
-    step_cost_note: str | None = None
-    step_cost_source: str = "fitted"  # "fitted", "pinned" or either "+ measured cells"
-    # (duration s, requests running) per window over the controller's load horizon, under any config:
-    # the load one K must serve (empty: judge K at the mean batch of the evidence window)
-    load_profile: tuple[tuple[float, float], ...] = ()
-    window_batches: tuple[float | None, ...] = ()  # requests running per window, aligned with window_rates
-
-    @property
-    def goodput_tokens_per_s(self) -> float | None:
-        return self.generation_tokens / self.duration_s if self.duration_s > 0 else None
-
-    def to_inputs(self) -> dict[str, Any]:
-        """The audit row's ``inputs``: enough to re-derive the decision."""
-        return {
-            "config_id": self.config.id,
-            "current_config": spec_config_of(self.config),
-            "drafts": self.spec.drafts,
-            "draft_tokens": self.spec.draft_tokens,
-            "accepted_tokens": self.spec.accepted_tokens,
-            "accepted_per_pos": list(self.spec.accepted_per_pos),
-            "windows": self.windows,
-            "duration_s": self.duration_s,
-            "goodput_tokens_per_s": self.goodput_tokens_per_s,
-            "window_rates": list(self.window_rates),
-            "window_batches": list(self.window_batches),
-            "mean_batch_size": self.mean_batch_size,
-            "step_cost": (
-                {"source": self.step_cost_source, "model": self.step_cost.to_dict(), "message": self.step_cost_note}
-                if self.step_cost is not None
-                else None
-            ),
-        }
-
-
-def spec_config_of(stored: StoredConfig) -> dict[str, Any]:
-    """The full ``--speculative-config`` of a stored config (rebuilt from columns when not stored)."""
-    cfg = stored.config
-    if cfg.spec_config is not None:
-        return dict(cfg.spec_config)
-    out: dict[str, Any] = {"method": cfg.method}
-    if cfg.draft_model:
-        out["model"] = cfg.draft_model
-    if cfg.num_spec_tokens is not None:
-        out["num_speculative_tokens"] = cfg.num_spec_tokens
-    if cfg.k_table:
-        out["num_speculative_tokens_per_batch_size"] = [list(r) for r in cfg.k_table]
-    return out
-
-
-def effective_counters(spec: SpecCounters) -> SpecCounters | None:
-    """The counters at the K the engine actually drafted in the window.
-
-    Under a per-batch-size table the engine starts at K_max but drafts fewer tokens per step, so the
-    positions past the step's K stay zero and α̂ = A / (A + D − a_{K−1}) read at K_max would count every
-    draft as rejected. When T / D is a whole number k, every step drafted k tokens: the counters are cut
-    to k positions. A window mixing several K (T / D not whole) cannot be split from /metrics: None
-    (its tokens still count for throughput; the plugin's per-step records have the exact K).
-    """
-    if spec.drafts <= 0:
-        return spec
-    k_eff = spec.draft_tokens / spec.drafts
-    k = round(k_eff)
-    if abs(k_eff - k) > 1e-9:
-        return None
-    if k >= len(spec.accepted_per_pos) or k < 1:
-        return spec
-    if any(spec.accepted_per_pos[k:]):  # a draft longer than k was accepted: the steps mixed several K
-        return None
-    return replace(spec, accepted_per_pos=spec.accepted_per_pos[:k], num_spec_tokens=k)
-
-
-def pooled_alpha(windows: Sequence[SpecCounters]) -> AcceptanceEvidence | None:
-    """α evidence pooled window by window (each at its own K); None if a window is unusable."""
-    total = AcceptanceEvidence()
-    for spec in windows:
-        if spec.drafts == 0:
-            continue
-        result = evidence_from_counters(spec)
-        if result.evidence is None:
-            return None
-        total = total + result.evidence
-    return total
 
 
 def windows_under(
@@ -159,35 +46,6 @@ def summarize(windows: Sequence[WindowRecord]) -> tuple[SpecCounters, float, flo
             running.append(w.requests_running)
     mean_running = sum(running) / len(running) if running else None
     return spec, duration_s, tokens, tuple(rates), mean_running
-
-
-def gather_evidence(
-    store: Store, keys: Sequence[EngineKey], config: StoredConfig, now: datetime, evidence_window_s: float
-) -> Evidence:
-    # min(…, now): a config recorded a moment after ``now`` (a rollback that just finished) has no windows yet
-    since = min(max(now - timedelta(seconds=evidence_window_s), config.config.started_at), now)
-    wins = windows_under(store, keys, config.config.started_at, since, now + timedelta(microseconds=1))
-    spec, duration_s, tokens, rates, running = summarize(wins)
-    profile = tuple(
-        (w.duration_s, float(w.requests_running))
-        for w in wins
-        if w.duration_s > 0 and w.requests_running is not None and math.isfinite(w.requests_running)
-    )
-    specs = tuple(e for e in (effective_counters(w.spec) for w in wins if w.spec is not None) if e is not None)
-    return Evidence(
-        now,
-        tuple(keys),
-        config,
-        spec,
-        len(wins),
-        duration_s,
-        tokens,
-        rates,
-        running,
-        profile,
-        specs,
-        window_batches=window_batches(wins),
-    )
 
 
 def window_batches(windows: Sequence[WindowRecord]) -> tuple[float | None, ...]:
@@ -268,7 +126,7 @@ def measured_history(
     now: datetime,
     horizon_s: float,
     candidates: Sequence[DraftCandidate],
-    matches: Callable[[dict[str, Any], DraftCandidate], bool],
+    matches: Callable[[SpecConfig, DraftCandidate], bool],
     cache: HistoryCache | None = None,
 ) -> dict[str, AcceptanceEvidence]:
     """α evidence each candidate earned on this engine under earlier configs (within ``horizon_s``).
@@ -281,7 +139,7 @@ def measured_history(
         return out
     since = now - timedelta(seconds=horizon_s)
     for stored in store.configs(keys[0], since=since, until=now + timedelta(microseconds=1)):
-        spec = spec_config_of(stored)
+        spec = stored.config.spec
         owners = [c for c in candidates if matches(spec, c)]
         if not owners:
             continue

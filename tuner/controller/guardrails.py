@@ -7,14 +7,17 @@ visible order — the cheapest, most fundamental first — and returns the first
     paused → pending verification → known bad → evidence → gain (hysteresis on size) → streak (hysteresis in time)
     → cooldown → changes per hour → switching cost → maintenance window
 
-Nothing here reads the clock: ``now`` is always passed in.
+Nothing here reads the clock: ``now`` is always passed in. The settings are the config file's
+``[guardrails]`` section as it is (:class:`tuner.config.GuardrailsSection`: units and defaults there).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime, time, timedelta
+from datetime import datetime, timedelta
 from enum import StrEnum
+
+from tuner.config import GuardrailsSection, MaintenanceWindow
 
 
 class BlockReason(StrEnum):
@@ -34,28 +37,6 @@ class BlockReason(StrEnum):
 class Block:
     reason: BlockReason
     message: str
-
-
-@dataclass(frozen=True)
-class MaintenanceWindowSpec:
-    """UTC ``start``..``end`` on ``days`` (0 = Monday); ``end <= start`` wraps past midnight."""
-
-    start: time
-    end: time
-    days: tuple[int, ...] = (0, 1, 2, 3, 4, 5, 6)
-
-
-@dataclass(frozen=True)
-class GuardrailSettings:
-    min_drafts: int = 200  # drafts; below this α's interval is too wide to act on
-    min_evidence_s: float = 60.0  # seconds of windows under the current config
-    min_gain: float = 0.03  # the lower end of the predicted gain must exceed 1 + min_gain
-    hysteresis_ticks: int = 2  # consecutive decisions proposing the same target
-    cooldown_s: float = 600.0  # after any change (lets the evaluation window fill)
-    max_changes_per_hour: int = 4
-    restart_downtime_s: float = 60.0  # measured restarts replace this when known
-    payback_horizon_s: float = 3600.0  # the gain must repay the downtime within this
-    maintenance_windows: tuple[MaintenanceWindowSpec, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -97,13 +78,13 @@ def next_streak(state: ControllerState, target: str | None) -> tuple[str | None,
     return target, 1
 
 
-def check_paused(s: GuardrailSettings, st: ControllerState, p: Proposal, now: datetime) -> Block | None:
+def check_paused(s: GuardrailsSection, st: ControllerState, p: Proposal, now: datetime) -> Block | None:
     if st.paused:
         return Block(BlockReason.PAUSED, "The controller is paused; run `spectuner resume` to let it act.")
     return None
 
 
-def check_pending(s: GuardrailSettings, st: ControllerState, p: Proposal, now: datetime) -> Block | None:
+def check_pending(s: GuardrailsSection, st: ControllerState, p: Proposal, now: datetime) -> Block | None:
     if st.pending_verification:
         return Block(
             BlockReason.PENDING_VERIFICATION,
@@ -112,7 +93,7 @@ def check_pending(s: GuardrailSettings, st: ControllerState, p: Proposal, now: d
     return None
 
 
-def check_known_bad(s: GuardrailSettings, st: ControllerState, p: Proposal, now: datetime) -> Block | None:
+def check_known_bad(s: GuardrailsSection, st: ControllerState, p: Proposal, now: datetime) -> Block | None:
     if p.target in st.failed_targets:
         return Block(
             BlockReason.KNOWN_BAD,
@@ -121,7 +102,7 @@ def check_known_bad(s: GuardrailSettings, st: ControllerState, p: Proposal, now:
     return None
 
 
-def check_evidence(s: GuardrailSettings, st: ControllerState, p: Proposal, now: datetime) -> Block | None:
+def check_evidence(s: GuardrailsSection, st: ControllerState, p: Proposal, now: datetime) -> Block | None:
     if p.drafts < s.min_drafts or p.evidence_s < s.min_evidence_s:
         return Block(
             BlockReason.INSUFFICIENT_EVIDENCE,
@@ -131,7 +112,7 @@ def check_evidence(s: GuardrailSettings, st: ControllerState, p: Proposal, now: 
     return None
 
 
-def check_gain(s: GuardrailSettings, st: ControllerState, p: Proposal, now: datetime) -> Block | None:
+def check_gain(s: GuardrailsSection, st: ControllerState, p: Proposal, now: datetime) -> Block | None:
     lo, hi = p.predicted_gain_ci
     if lo <= 1.0 + s.min_gain:
         return Block(
@@ -142,7 +123,7 @@ def check_gain(s: GuardrailSettings, st: ControllerState, p: Proposal, now: date
     return None
 
 
-def check_streak(s: GuardrailSettings, st: ControllerState, p: Proposal, now: datetime) -> Block | None:
+def check_streak(s: GuardrailsSection, st: ControllerState, p: Proposal, now: datetime) -> Block | None:
     _, count = next_streak(st, p.target)
     if count < s.hysteresis_ticks:
         return Block(
@@ -152,7 +133,7 @@ def check_streak(s: GuardrailSettings, st: ControllerState, p: Proposal, now: da
     return None
 
 
-def check_cooldown(s: GuardrailSettings, st: ControllerState, p: Proposal, now: datetime) -> Block | None:
+def check_cooldown(s: GuardrailsSection, st: ControllerState, p: Proposal, now: datetime) -> Block | None:
     last = st.last_change_at
     if last is not None:
         since_s = (now - last).total_seconds()
@@ -165,7 +146,7 @@ def check_cooldown(s: GuardrailSettings, st: ControllerState, p: Proposal, now: 
     return None
 
 
-def check_rate(s: GuardrailSettings, st: ControllerState, p: Proposal, now: datetime) -> Block | None:
+def check_rate(s: GuardrailsSection, st: ControllerState, p: Proposal, now: datetime) -> Block | None:
     hour_ago = now - timedelta(hours=1)
     recent = sum(1 for t in st.change_times if hour_ago < t <= now)
     if recent >= s.max_changes_per_hour:
@@ -188,7 +169,7 @@ def payback_s(predicted_gain: float, downtime_s: float) -> float:
     return downtime_s / (predicted_gain - 1.0)
 
 
-def check_switching_cost(s: GuardrailSettings, st: ControllerState, p: Proposal, now: datetime) -> Block | None:
+def check_switching_cost(s: GuardrailsSection, st: ControllerState, p: Proposal, now: datetime) -> Block | None:
     if not p.needs_restart:
         return None
     needed_s = payback_s(p.predicted_gain, s.restart_downtime_s)
@@ -201,7 +182,7 @@ def check_switching_cost(s: GuardrailSettings, st: ControllerState, p: Proposal,
     return None
 
 
-def in_window(w: MaintenanceWindowSpec, now: datetime) -> bool:
+def in_window(w: MaintenanceWindow, now: datetime) -> bool:
     """Whether UTC ``now`` falls in ``w`` (a window wrapping midnight belongs to its start day)."""
     t = now.timetz().replace(tzinfo=None)
     day = now.weekday()
@@ -211,7 +192,7 @@ def in_window(w: MaintenanceWindowSpec, now: datetime) -> bool:
     return (day in w.days and t >= w.start) or (((day - 1) % 7) in w.days and t < w.end)
 
 
-def check_maintenance(s: GuardrailSettings, st: ControllerState, p: Proposal, now: datetime) -> Block | None:
+def check_maintenance(s: GuardrailsSection, st: ControllerState, p: Proposal, now: datetime) -> Block | None:
     if not p.needs_restart or not s.maintenance_windows:
         return None
     if any(in_window(w, now) for w in s.maintenance_windows):
@@ -238,7 +219,7 @@ RAILS = (
 
 
 def check_guardrails(
-    settings: GuardrailSettings, state: ControllerState, proposal: Proposal, now: datetime
+    settings: GuardrailsSection, state: ControllerState, proposal: Proposal, now: datetime
 ) -> Block | None:
     """The first rail (in :data:`RAILS` order) that blocks ``proposal``, or None to go ahead."""
     if now.tzinfo is None:

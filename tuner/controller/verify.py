@@ -24,6 +24,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
+from policies.counters import SpecCounters
+from policies.spec_config import SpecConfig
+
 
 class VerifyReason(StrEnum):
     IMPROVED = "improved"
@@ -164,3 +167,39 @@ def acceptance_shift(alpha_before: float, alpha_after: float, k_after: float) ->
         return k_after + 1.0 if alpha >= 1.0 else (1.0 - alpha ** (k_after + 1.0)) / (1.0 - alpha)
 
     return tokens(alpha_after) / tokens(alpha_before)
+
+
+SHIFT_MIN_DRAFTS = 200  # drafts each side needs before the acceptance shift is corrected for
+
+
+def prompt_shift(
+    before: SpecConfig | None,
+    drafts_before: int | None,
+    accepted_first_before: float | None,
+    after_config: SpecConfig | None,
+    after: Sequence[SpecCounters],
+) -> tuple[float, str]:
+    """(factor, note): how much the workload's acceptance alone moved tokens per step between a decision's
+    evidence and the windows after a change of K under the same draft (:func:`acceptance_shift`); 1 for a
+    draft swap (moving α is its point), or when either side drafted too little, or the decision's inputs
+    lack the counts. Read at the first draft position, which every draft has at any K: a larger K's later,
+    weaker positions must not pass for harder prompts."""
+    if before is None or after_config is None or before.draft != after_config.draft:
+        return 1.0, ""
+    if drafts_before is None or drafts_before < SHIFT_MIN_DRAFTS or accepted_first_before is None:
+        return 1.0, ""
+    drafts_after = sum(s.drafts for s in after)
+    if drafts_after < SHIFT_MIN_DRAFTS:
+        return 1.0, ""
+    first_after = sum(s.accepted_per_pos[0] for s in after if s.accepted_per_pos)
+    alpha_before = min(max(accepted_first_before / drafts_before, 0.0), 1.0)
+    alpha_after = min(max(first_after / drafts_after, 0.0), 1.0)
+    k_after = sum(s.draft_tokens for s in after) / drafts_after
+    shift = acceptance_shift(alpha_before, alpha_after, k_after)
+    if abs(shift - 1.0) < 0.01:
+        return 1.0, ""
+    return shift, (
+        f"Rates after the change divided by {shift:.3f}: the first draft token's acceptance moved "
+        f"{alpha_before:.3f} → {alpha_after:.3f} with the prompts, which changes tokens per step under any "
+        f"config (at the {k_after:.1f} tokens drafted per step after the change)."
+    )

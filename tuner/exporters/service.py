@@ -9,7 +9,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from tuner.controller.reconcile import TickResult
+from tuner.controller.audit import TickResult
 from tuner.exporters.settings import ExportersSection
 from tuner.exporters.source import StoreSource
 from tuner.exporters.values import Sample

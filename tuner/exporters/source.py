@@ -15,11 +15,10 @@ from typing import Any, cast
 from sqlalchemy import Table, select
 
 from collectors.records import EngineKey
-from policies.counters import SpecCounters
+from tuner.controller.evidence import summarize
 from tuner.exporters.values import (
     HEALTH_KINDS,
     UP_KINDS,
-    ConfigView,
     CounterTotals,
     EngineLabels,
     EngineSnapshot,
@@ -93,7 +92,7 @@ class StoreSource:
         started = None
         if stored is not None:
             c = stored.config
-            config = ConfigView(c.method, c.draft_model, c.num_spec_tokens, c.k_table)
+            config = c.spec
             started = c.started_at
         since = now - timedelta(seconds=self.window_s)
         windows = [
@@ -101,22 +100,16 @@ class StoreSource:
             for w in self.store.windows(key, since, now + timedelta(microseconds=1))
             if started is None or w.start >= started
         ]
-        spec: SpecCounters | None = None
-        duration_s = 0.0
-        tokens = 0.0
-        for w in windows:
-            if w.spec is not None:
-                spec = w.spec if spec is None else spec + w.spec
-            if w.duration_s > 0:
-                duration_s += w.duration_s
-                tokens += w.generation_tokens
+        summed, duration_s, tokens, _, _ = summarize(windows)
+        window_specs = tuple(w.spec for w in windows if w.spec is not None)
         latest = self.store.latest_window(key)
         (predicted, realized), up = server if server is not None else self.server_state(server_ids)
         return EngineSnapshot(
             key=key,
             now=now,
             config=config,
-            spec=spec,
+            spec=summed if window_specs else None,
+            window_specs=window_specs,
             duration_s=duration_s,
             generation_tokens=tokens,
             last_window_end=latest.end if latest is not None else None,

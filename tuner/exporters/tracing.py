@@ -1,7 +1,7 @@
 """Spans for controller decisions and applies, built from what the daemon already has after a tick.
 
 The controller is not instrumented: the daemon times each decide/verify call and hands every
-:class:`~tuner.controller.reconcile.TickResult` (plus its decision row, when it has one) to
+:class:`~tuner.controller.audit.TickResult` (plus its decision row, when it has one) to
 :meth:`DecisionTracer.record_tick`. That gives one ``spectuner.decision`` span per tick and, when the
 actuator ran (applied, unchanged, rolled back, failed), a child ``spectuner.apply`` span.
 """
@@ -16,7 +16,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.trace import Status, StatusCode, set_span_in_context
 
-from tuner.controller.reconcile import TickResult
+from policies.spec_config import K_KEY
+from tuner.controller.audit import TickResult
 from tuner.exporters.otel import resource
 from tuner.exporters.settings import OtlpSection
 from tuner.store import StoredDecision
@@ -24,7 +25,6 @@ from tuner.store import StoredDecision
 log = logging.getLogger(__name__)
 
 APPLY_ACTIONS = frozenset({"applied", "unchanged", "rolled_back", "failed"})
-_PROPOSED = (("method", "method"), ("num_speculative_tokens", "num_speculative_tokens"), ("model", "draft"))
 
 
 def decision_attributes(tick: TickResult, decision: StoredDecision | None, phase: str) -> dict[str, Any]:
@@ -49,11 +49,14 @@ def decision_attributes(tick: TickResult, decision: StoredDecision | None, phase
         if d.engine is not None:
             attrs["spectuner.engine"] = d.engine.engine
             attrs["spectuner.model_name"] = d.engine.model_name
-        proposed = d.proposed_config or {}
-        for key, attr in _PROPOSED:
-            value = proposed.get(key)
-            if isinstance(value, str | int | float | bool):
-                attrs[f"spectuner.proposed.{attr}"] = value
+        proposed = d.proposed
+        if proposed is not None:
+            # attribute names follow vLLM's keys (documented in docs/exporters.md)
+            attrs["spectuner.proposed.method"] = proposed.method
+            if proposed.k is not None:
+                attrs[f"spectuner.proposed.{K_KEY}"] = proposed.k
+            if proposed.model is not None:
+                attrs["spectuner.proposed.draft"] = proposed.model
     return attrs
 
 

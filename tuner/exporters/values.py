@@ -15,8 +15,9 @@ from datetime import datetime
 from typing import Any, Literal
 
 from collectors.records import EngineKey
-from policies.acceptance import estimate_alpha
+from policies.acceptance import alpha_of_windows
 from policies.counters import SpecCounters
+from policies.spec_config import SpecConfig
 
 Kind = Literal["gauge", "counter"]
 BASE_LABELS = ("engine", "model_name")
@@ -89,32 +90,15 @@ class Sample:
 
 
 @dataclass(frozen=True)
-class ConfigView:
-    """The config in force on one engine series."""
-
-    method: str
-    draft: str | None
-    num_spec_tokens: int | None
-    k_table: tuple[tuple[int, int, int], ...] | None = None
-
-    @property
-    def k(self) -> int:
-        """K; 0 with speculation off; the largest K of a per-batch-size table."""
-        if self.method in ("off", "none"):
-            return 0
-        if self.k_table:
-            return max(row[2] for row in self.k_table)
-        return self.num_spec_tokens or 0
-
-
-@dataclass(frozen=True)
 class EngineSnapshot:
     """What the store says about one engine series at ``now`` (window figures: current config only)."""
 
     key: EngineKey
     now: datetime
-    config: ConfigView | None
+    config: SpecConfig | None
     spec: SpecCounters | None  # summed over the windows in the export window under the current config
+    # the same windows one by one: α̂ is policies.acceptance.alpha_of_windows of these, as the controller's
+    window_specs: tuple[SpecCounters, ...] = ()
     duration_s: float  # summed window durations
     generation_tokens: float
     last_window_end: datetime | None
@@ -147,19 +131,21 @@ def engine_samples(snap: EngineSnapshot, *, cost_ratio: float, confidence: float
         if value is not None and _finite(float(value)):
             out.append(Sample(name, base + extra, float(value)))
 
+    config_k = (snap.config.largest_k() or 0) if snap.config is not None else 0
     if snap.config is not None:
-        put("spectuner_num_speculative_tokens", snap.config.k)
-        put("spectuner_config_info", 1.0, ("method", snap.config.method), ("draft", snap.config.draft or ""))
+        # the largest K of a per-batch-size table: what the engine may draft at its quietest
+        put("spectuner_num_speculative_tokens", config_k)
+        put("spectuner_config_info", 1.0, ("method", snap.config.method), ("draft", snap.config.model or ""))
     spec = snap.spec
     if spec is not None and spec.drafts > 0:
-        est = estimate_alpha(spec, confidence)
+        est = alpha_of_windows(snap.window_specs or (spec,), confidence)
         put("spectuner_alpha", est.alpha)
         if est.alpha_ci is not None:
             put("spectuner_alpha_lower", est.alpha_ci[0])
             put("spectuner_alpha_upper", est.alpha_ci[1])
         put("spectuner_draft_acceptance_rate", est.draft_acceptance_rate)
         put("spectuner_mean_acceptance_length", est.mean_acceptance_length)
-        k = snap.config.k if snap.config is not None and snap.config.k > 0 else spec.k
+        k = config_k if config_k > 0 else spec.k
         put("spectuner_speculation_overhead_ratio", overhead_ratio(spec, k, cost_ratio))
     if snap.duration_s > 0:
         put("spectuner_effective_throughput_tokens_per_second", snap.generation_tokens / snap.duration_s)

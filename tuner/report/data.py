@@ -4,8 +4,9 @@ Every figure of the HTML page comes from one :class:`ReportData`, which is also 
 ``report.json`` so a reader can check a plot against its numbers.
 
 - α̂ over time: the windows of each engine series are grouped into time buckets (by window end, as
-  the store places them) and each bucket's counters are pooled (``policies.acceptance.pool_evidence``,
-  so buckets that straddle a K change stay correct); vLLM's draft acceptance rate A/T beside it.
+  the store places them) and each bucket's α̂ is ``policies.acceptance.alpha_of_windows`` of its
+  windows — the controller's estimate, so buckets that straddle a K change stay correct; vLLM's draft
+  acceptance rate A/T beside it.
 - per-position acceptance: per config in force, a_i / D (vLLM's "per-position acceptance rate") and
   the conditional c_i = a_i / a_{i−1}.
 - goodput against K: busy windows (generated tokens > 0, no counter reset) grouped by the K they ran
@@ -26,18 +27,17 @@ from typing import Any
 from collectors.records import EngineKey, EventRecord, WindowRecord
 from policies.acceptance import (
     AlphaReason,
+    alpha_of_windows,
     conditional_acceptance,
-    estimate_alpha_from_evidence,
-    pool_evidence,
 )
 from policies.counters import SpecCounters
-from tuner.controller.evidence import effective_counters
+from policies.spec_config import SpecConfig
 from tuner.store import Store, StoredConfig, StoredDecision
 
 # Bucket widths to choose from (seconds): the smallest that gives at most MAX_BUCKETS buckets.
 _BUCKET_LADDER_S = (10, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 43200, 86400, 7 * 86400)
 MAX_BUCKETS = 60
-ALPHA_THRESHOLD = 0.4  # DESIGN.md: "acceptance stays below 0.4" (on α̂ by default)
+ALPHA_THRESHOLD = 0.4  # the swap rule: "acceptance stays below 0.4" (on α̂ by default)
 CONFIDENCE = 0.95
 # Events worth a row in the report's table (severity warning or critical are always shown).
 _NOTABLE_EVENT_KINDS = {
@@ -203,13 +203,15 @@ def draft_name(method: str, model: str | None) -> str:
 
 
 def describe_config(spec: dict[str, Any] | None) -> str | None:
+    """A short label for a proposed config in the decisions table: the draft's short name and K."""
     if not spec:
         return None
-    method = str(spec.get("method", "?"))
-    model = spec.get("model")
-    k = spec.get("num_speculative_tokens")
-    name = draft_name(method, model if isinstance(model, str) else None)
-    return f"{name} K={k}" if k is not None else name
+    try:
+        config = SpecConfig.from_vllm(spec)
+    except ValueError:
+        return str(spec.get("method", "?"))
+    name = draft_name(config.method, config.model)
+    return f"{name} K={config.k}" if config.k is not None else name
 
 
 def choose_bucket_s(span_s: float, window_s: float) -> int:
@@ -271,7 +273,7 @@ def gather(
                     config_id=c.id,
                     method=cfg.method,
                     draft=draft_name(cfg.method, cfg.draft_model),
-                    k=_config_k(c),
+                    k=c.config.spec.largest_k(),
                     start=cfg.started_at,
                     end=cfg.ended_at,
                     applied_by=cfg.applied_by,
@@ -338,20 +340,11 @@ def _configs_overlapping(
     return inside
 
 
-def _config_k(stored: StoredConfig) -> int | None:
-    cfg = stored.config
-    if cfg.method == "off":
-        return 0
-    if cfg.k_table:
-        return max(row[2] for row in cfg.k_table)
-    return cfg.num_spec_tokens
-
-
 def _k_of(w: WindowRecord, configs: Sequence[StoredConfig]) -> int:
     """K as the timeline shows it: the config's (the largest K of a per-batch-size table, as the
-    exporter's ``spectuner_num_speculative_tokens``), else what the window's counters say."""
+    exporter's K gauge), else what the window's counters say."""
     cfg = _config_of(w, configs)
-    k = _config_k(cfg) if cfg is not None else None
+    k = cfg.config.spec.largest_k() if cfg is not None else None
     return k if k is not None else _window_k(w)
 
 
@@ -374,15 +367,12 @@ def _alpha_buckets(label: str, windows: Sequence[WindowRecord], origin: datetime
     for index in sorted(groups):
         group = groups[index]
         specs = [w.spec for w in group if w.spec is not None]
-        # under a per-batch-size table a window that drafted k < K_max per step is read at k
-        pooled = pool_evidence([effective_counters(s) or s for s in specs])
+        # the controller's α̂ (windows at different K of a per-batch-size table each read at their own K)
+        est = alpha_of_windows(specs, CONFIDENCE)
         drafts = sum(s.drafts for s in specs)
         tokens = sum(s.draft_tokens for s in specs)
         accepted = sum(s.accepted_tokens for s in specs)
-        alpha: float | None = None
-        ci: tuple[float, float] | None = None
-        if pooled.evidence is not None:
-            alpha, ci = estimate_alpha_from_evidence(pooled.evidence, CONFIDENCE)
+        alpha, ci = est.alpha, est.alpha_ci
         start = origin + timedelta(seconds=index * bucket_s)
         out.append(
             AlphaBucket(
@@ -397,7 +387,7 @@ def _alpha_buckets(label: str, windows: Sequence[WindowRecord], origin: datetime
                 alpha_lower=None if ci is None else ci[0],
                 alpha_upper=None if ci is None else ci[1],
                 draft_acceptance_rate=accepted / tokens if tokens else None,
-                reason=pooled.reason.value if alpha is None else AlphaReason.OK.value,
+                reason=est.reason.value if alpha is None else AlphaReason.OK.value,
             )
         )
     return out
@@ -465,7 +455,7 @@ def _goodput(label: str, windows: Sequence[WindowRecord], configs: Sequence[Stor
         by_k[_k_of(w, configs)].append(w.generation_tokens / w.duration_s)
     chosen_k: int | None = None
     if configs:
-        chosen_k = _config_k(configs[-1])
+        chosen_k = configs[-1].config.spec.largest_k()
     if chosen_k is None and windows:
         chosen_k = _k_of(windows[-1], configs)
     out = []

@@ -35,7 +35,7 @@ SECTIONS = (
      "per-position acceptance rate) and the conditional acceptance c<sub>i</sub> = a<sub>i</sub> / "
      "a<sub>i−1</sub>. Under the i.i.d. model every c<sub>i</sub> equals α; real drafts decay with i."),
     ("timeline", "K, draft and decisions over time",
-     "K in force (line; for a per-batch-size table its largest K, as spectuner_num_speculative_tokens), the "
+     "K in force (line; for a per-batch-size table its largest K, as the exporter's K gauge), the "
      "draft in force (shaded), and each decision (dotted, coloured by status)."),
     ("goodput", "Goodput against K",
      "Mean generated tokens per second of the busy windows that ran at each K (± standard error; "

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from policies.spec_config import SpecConfig as TypedSpec
 from tuner.actuators.base import Actuator, ApplyResult, ApplyStatus, SpecConfig
 from tuner.sim.engine import SimConfig, SimEngine
 
@@ -58,7 +59,7 @@ class SimActuator(Actuator):
         self.engine = engine
         self.clock = clock
         self.config = start
-        self.current = engine.to_spec(start)
+        self.current = engine.to_spec(start).to_vllm()
         self.stats = ActuatorStats()
 
     def apply(self, config: SpecConfig) -> ApplyResult:
@@ -68,7 +69,10 @@ class SimActuator(Actuator):
         e = self.engine.scenario.engine
         at = self.clock.now
         self.stats.restarts += 1
-        target = self.engine.from_spec(config)
+        try:
+            target = self.engine.from_spec(TypedSpec.from_vllm(config))
+        except ValueError:  # not a config vLLM would take
+            target = None
         problem = (
             f"no draft of the scenario matches {config}" if target is None else self.engine.start_problem(target)
         )

@@ -1,7 +1,8 @@
 """Comparison policies, as the systems they imitate run them (no guardrails, by design).
 
-Each reads the same :class:`~tuner.controller.evidence.Evidence` the controller reads (built from the
-same store by ``gather_evidence``) and returns the config it wants, or None to keep the current one.
+Each reads the same :class:`~tuner.controller.context.DecisionContext` the controller reads (its
+measured part, built from the same store by ``tuner.controller.context.measure``) and returns the
+config it wants, or None to keep the current one.
 They are driven by :class:`tuner.sim.run.ThinDriver`, which applies through the same actuator and
 records configs in the same store, but skips spectuner's guardrails (evidence, gain interval,
 hysteresis, cooldown, switching cost) — those rails are what is being compared.
@@ -23,7 +24,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
 
-from tuner.controller.evidence import Evidence
+from tuner.controller.context import DecisionContext
 from tuner.sim.engine import OFF, SimConfig, SimEngine
 
 
@@ -33,7 +34,7 @@ class Baseline(Protocol):
     @property
     def evidence_window_s(self) -> float: ...
 
-    def decide(self, evidence: Evidence, current: SimConfig, now: datetime) -> SimConfig | None: ...
+    def decide(self, evidence: DecisionContext, current: SimConfig, now: datetime) -> SimConfig | None: ...
 
     def applied(self, target: SimConfig, ok: bool, now: datetime) -> None: ...
 
@@ -50,7 +51,7 @@ class MovingAverageDeadBand:
     name: str = "sglang_ma"
     ema: float | None = None
 
-    def decide(self, evidence: Evidence, current: SimConfig, now: datetime) -> SimConfig | None:
+    def decide(self, evidence: DecisionContext, current: SimConfig, now: datetime) -> SimConfig | None:
         if current.off or evidence.spec.drafts == 0:
             return None
         x = evidence.spec.accepted_tokens / evidence.spec.drafts
@@ -75,7 +76,7 @@ class AcceptanceCutoff:
     name: str = "trtllm_cutoff"
     disabled: bool = False
 
-    def decide(self, evidence: Evidence, current: SimConfig, now: datetime) -> SimConfig | None:
+    def decide(self, evidence: DecisionContext, current: SimConfig, now: datetime) -> SimConfig | None:
         if self.disabled or current.off or evidence.spec.drafts == 0:
             return None
         if evidence.duration_s < 0.9 * self.evidence_window_s:
@@ -107,7 +108,7 @@ class UcbBandit:
     def evidence_window_s(self) -> float:
         return self.epoch_s
 
-    def decide(self, evidence: Evidence, current: SimConfig, now: datetime) -> SimConfig | None:
+    def decide(self, evidence: DecisionContext, current: SimConfig, now: datetime) -> SimConfig | None:
         if self.pull_started is None:
             self.pull_started = now
         if (now - self.pull_started).total_seconds() < self.epoch_s:

@@ -19,17 +19,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from policies.counters import SpecCounters
+from policies.spec_config import OFF as OFF_SPEC
+from policies.spec_config import SpecConfig, method_drafts_at_k0
 from policies.step_cost import StepCostModel
-from tuner.controller.step_cost import method_drafts_at_k0
 from tuner.sim.scenario import DraftSection, Scenario
 
-OFF_SPEC: dict[str, Any] = {"method": "off", "num_speculative_tokens": 0}  # what propose_k proposes for K = 0
 _MAX_ALPHA = 0.999
 
 
@@ -95,36 +94,26 @@ class SimEngine:
         }
 
     # -- configs -------------------------------------------------------------------------------
-    def to_spec(self, cfg: SimConfig) -> dict[str, Any]:
-        """The ``--speculative-config`` the controller and store see for ``cfg``."""
+    def to_spec(self, cfg: SimConfig) -> SpecConfig:
+        """The speculative config the controller and store see for ``cfg``."""
         if cfg.off:
-            return dict(OFF_SPEC)
+            return OFF_SPEC
         d = self.drafts[str(cfg.draft)]
-        spec: dict[str, Any] = {"method": d.method, "num_speculative_tokens": cfg.k}
-        if d.path is not None:
-            spec["model"] = d.path
-        if cfg.table:
-            spec["num_speculative_tokens_per_batch_size"] = [list(r) for r in cfg.table]
-        return spec
+        spec = SpecConfig(d.method, d.path, cfg.k)
+        return spec.with_table(cfg.table, cfg.k) if cfg.table else spec
 
-    def from_spec(self, spec: dict[str, Any]) -> SimConfig | None:
-        """The config a ``--speculative-config`` means, or None if no draft of the scenario matches."""
-        k = spec.get("num_speculative_tokens")
-        if spec.get("method") in (None, "off") or k == 0:
+    def from_spec(self, spec: SpecConfig) -> SimConfig | None:
+        """The config a speculative config means, or None if no draft of the scenario matches."""
+        k = spec.k
+        if spec.is_off or k == 0:
             return OFF
-        if not isinstance(k, int) or k < 0:
+        if k is None or k < 0:
             return None
-        rows = spec.get("num_speculative_tokens_per_batch_size")
-        table: tuple[tuple[int, int, int], ...] | None = None
-        if rows:
-            try:
-                table = tuple((int(r[0]), int(r[1]), int(r[2])) for r in rows)
-            except (TypeError, ValueError, IndexError):
-                return None
-            if any(kk > k for _, _, kk in table):
-                return None  # vLLM refuses a table above K
+        table = spec.k_table
+        if table is not None and any(kk > k for _, _, kk in table):
+            return None  # vLLM refuses a table above K
         for d in self.scenario.drafts:
-            if d.method == spec.get("method") and d.path == spec.get("model"):
+            if d.method == spec.method and d.path == spec.model:
                 return SimConfig(d.name, k, table)
         return None
 

@@ -3,11 +3,11 @@
 Every adaptive policy runs against the REAL store (SQLite in a temporary file, migrated once per
 process and copied per run) and the simulated engine through the simulated actuator:
 
-- ``spectuner``: the real :class:`~tuner.controller.reconcile.Controller` (verify, then decide, every
+- ``spectuner``: the real :class:`~tuner.controller.controller.Controller` (verify, then decide, every
   ``decide_interval_s``) with its default policy and guardrails; windows reach the store through the
-  daemon's :class:`~tuner.daemon.ConfigTaggingSink`, as the collector's do.
+  daemon's :class:`~tuner.store.tagging.ConfigTaggingSink`, as the collector's do.
 - ``sglang_ma``, ``trtllm_cutoff``, ``ucb``: :class:`ThinDriver` — same store, same
-  ``gather_evidence``, same actuator, no guardrails (see ``tuner.sim.baselines``).
+  ``tuner.controller.context.measure``, same actuator, no guardrails (see ``tuner.sim.baselines``).
 - ``fixed_k3`` (the start draft at K = 3), ``no_spec`` and every fixed config: no controller at all.
 - ``best_fixed``: every config (each draft at K = 1..k_max, and off) is simulated and the one with
   the highest total goodput is kept — the best fixed config *in hindsight*, which is the oracle of
@@ -38,17 +38,20 @@ from collectors.records import EngineKey, StepRecord, WindowRecord
 from policies.acceptance import evidence_from_counters
 from policies.change import ChangeDetectorConfig, ChangeDetectorState, update_change_detector
 from policies.counters import SpecCounters
-from tuner.actuators.base import ApplyStatus, config_fingerprint
+from policies.spec_config import SpecConfig
+from tuner.actuators.base import ApplyStatus
 from tuner.config import ConfigError, SpectunerConfig, parse_config
-from tuner.controller.evidence import Evidence, gather_evidence
+from tuner.controller.audit import TickResult
+from tuner.controller.context import DecisionContext, measure
+from tuner.controller.controller import Controller, Policy
 from tuner.controller.policy import PolicyOutcome
-from tuner.controller.reconcile import Controller, Policy, TickResult, config_record
-from tuner.daemon import ConfigTaggingSink, controller_settings, draft_candidates
 from tuner.sim.actuator import SimActuator, SimClock
 from tuner.sim.baselines import Baseline, make_baseline
 from tuner.sim.engine import OFF, SimConfig, SimEngine
 from tuner.sim.scenario import Scenario, ScenarioError
-from tuner.store import AppliedBy, Store, upgrade
+from tuner.store import AppliedBy, EngineConfigRecord, Store, upgrade
+from tuner.store.tagging import ConfigTaggingSink
+from tuner.wiring import controller_settings, draft_candidates
 
 T0 = datetime(2026, 1, 5, tzinfo=UTC)  # a Monday, 00:00 UTC: simulated time 0
 URL = "http://sim.invalid:8000/metrics"
@@ -163,7 +166,7 @@ class ControllerDriver(_Driver):
     def tick(self, now: datetime) -> None:
         # As the daemon's decide job: verify, then decide at the same ``now``. When verify rolled a change
         # back, the restart moved the clock past ``now`` and the rolled-back config starts after it; the
-        # daemon's decide would then fail this tick (gather_evidence gets since > until) and carry on at
+        # daemon's decide would then fail this tick (its context would start after ``now``) and carry on at
         # the next, so the simulation skips decide on such a tick.
         results = self.controller.verify(now)
         if self.controller.clock() <= now:
@@ -173,15 +176,15 @@ class ControllerDriver(_Driver):
         for r in results:
             self._count(r, now)
 
-    def _policy(self, evidence: Evidence) -> PolicyOutcome:
+    def _policy(self, ctx: DecisionContext) -> PolicyOutcome:
         """The controller's policy, unchanged; the driver only notes what it answered (detection time)."""
-        outcome = self.inner(evidence)
-        answer = (str(outcome.reason), config_fingerprint(outcome.target) if outcome.target is not None else None)
+        outcome = self.inner(ctx)
+        answer = (str(outcome.reason), outcome.target.fingerprint if outcome.target is not None else None)
         if self.change_at is not None:
-            if evidence.now < self.change_at:
+            if ctx.now < self.change_at:
                 self.steady = answer
             elif self.run.detection_s is None and answer != self.steady:
-                self.run.detection_s = (evidence.now - self.change_at).total_seconds()
+                self.run.detection_s = (ctx.now - self.change_at).total_seconds()
         return outcome
 
     def _count(self, r: TickResult, now: datetime) -> None:
@@ -206,7 +209,9 @@ class ThinDriver(_Driver):
         self.store, self.actuator, self.engine, self.baseline = store, actuator, engine, baseline
         self.clock, self.run, self.change_at = clock, run, change_at
         store.upsert_engine(KEY, seen_at=clock.now)
-        store.record_config(KEY, config_record(actuator.current or {}, clock.now, AppliedBy.STARTUP))
+        store.record_config(
+            KEY, EngineConfigRecord.of(SpecConfig.from_vllm(actuator.current), clock.now, AppliedBy.STARTUP)
+        )
         self.sink = ConfigTaggingSink(store)
 
     def flush(self, records: Sequence[WindowRecord], steps: Sequence[StepRecord] = ()) -> None:
@@ -215,19 +220,21 @@ class ThinDriver(_Driver):
     def tick(self, now: datetime) -> None:
         current = self.store.current_config(KEY)
         assert current is not None
-        evidence = gather_evidence(self.store, [KEY], current, now, self.baseline.evidence_window_s)
+        evidence = measure(self.store, [KEY], current, now, self.baseline.evidence_window_s)
         target = self.baseline.decide(evidence, self.actuator.config, now)
         if target is None or target == self.actuator.config:
             return
         if self.change_at is not None and now >= self.change_at and self.run.detection_s is None:
             self.run.detection_s = (now - self.change_at).total_seconds()
         spec = self.engine.to_spec(target)
-        result = self.actuator.apply(spec)
+        result = self.actuator.apply(spec.to_vllm())
         done = max(self.clock(), now)
         if result.status is ApplyStatus.APPLIED:
-            self.store.record_config(KEY, config_record(spec, done, AppliedBy.RESTART))
+            self.store.record_config(KEY, EngineConfigRecord.of(spec, done, AppliedBy.RESTART))
         elif result.status is ApplyStatus.ROLLED_BACK and result.config is not None:
-            self.store.record_config(KEY, config_record(result.config, done, AppliedBy.ROLLBACK))
+            self.store.record_config(
+                KEY, EngineConfigRecord.of(SpecConfig.from_vllm(result.config), done, AppliedBy.ROLLBACK)
+            )
             self.run.rollbacks += 1
         self.baseline.applied(target, result.status is ApplyStatus.APPLIED, done)
 
@@ -362,8 +369,9 @@ def daemon_config(scenario: Scenario, engine: SimEngine, *, step_cost: bool = Fa
     cost_ratio = c.cost_ratio
     if cost_ratio is None:
         cost_ratio = engine.cost[start.draft or scenario.drafts[0].name].cost_ratio(1.0)
-    speculative = {k: v for k, v in engine.to_spec(start).items() if k in ("method", "model")}
-    speculative["num_speculative_tokens"] = 0 if start.off else start.k
+    spec = engine.to_spec(start)
+    # the config file's [speculative] table mirrors vLLM's JSON
+    speculative: dict[str, Any] = SpecConfig(spec.method, spec.model, 0 if start.off else start.k).to_vllm()
     data: dict[str, Any] = {
         "engine": {"metrics_url": URL},
         "actuator": {"kind": "command", "command": {"argv": ["/bin/true"]}},  # replaced by the SimActuator

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from tuner.controller.guardrails import GuardrailSettings
+from tuner.config import GuardrailsSection
 
 
 class ScenarioError(ValueError):
@@ -155,7 +155,7 @@ class ControllerSection(_Section):
     cost_ratio: float | None = Field(
         default=None, gt=0, description="policy.cost_ratio the operator configures; default: the start draft's"
     )
-    guardrails: dict[str, Any] = Field(default_factory=dict, description="GuardrailSettings overrides")
+    guardrails: dict[str, Any] = Field(default_factory=dict, description="[guardrails] overrides")
     candidates: list[str] | None = Field(
         default=None, description="drafts offered to the swap policy as [[drafts]]; None: every draft; []: none"
     )
@@ -167,7 +167,7 @@ class ControllerSection(_Section):
     @field_validator("guardrails")
     @classmethod
     def _known_rails(cls, value: dict[str, Any]) -> dict[str, Any]:
-        known = set(GuardrailSettings.__dataclass_fields__) - {"maintenance_windows"}
+        known = set(GuardrailsSection.model_fields) - {"maintenance_windows"}
         unknown = sorted(set(value) - known)
         if unknown:
             raise ValueError(f"unknown guardrail key(s) {unknown}; known: {sorted(known)}")
@@ -237,9 +237,9 @@ class Scenario(_Section):
                 return d
         raise KeyError(name)
 
-    def guardrails(self) -> GuardrailSettings:
+    def guardrails(self) -> GuardrailsSection:
         values = {"restart_downtime_s": self.engine.restart_downtime_s, **self.controller.guardrails}
-        return GuardrailSettings(**values)
+        return GuardrailsSection(**values)
 
 
 def _problem(err: Any) -> str:

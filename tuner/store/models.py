@@ -92,7 +92,7 @@ class EngineConfigRow(Base):
     method: Mapped[str] = mapped_column(String(64))  # "eagle", "draft_model", "ngram", "off", ...
     draft_model: Mapped[str | None] = mapped_column(String(1024))
     num_spec_tokens: Mapped[int | None] = mapped_column(Integer)
-    # vLLM's num_speculative_tokens_per_batch_size: [[lo, hi, K], ...]
+    # vLLM's per-batch-size K table: [[lo, hi, K], ...]
     k_table: Mapped[list[Any] | None]
     # The whole speculative_config as applied, for audit and exact replay.
     spec_config: Mapped[dict[str, Any] | None]

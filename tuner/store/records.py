@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 
 from collectors.records import EngineKey
 from policies.counters import SpecCounters
+from policies.spec_config import SpecConfig
 
 
 class DecisionStatus(StrEnum):
@@ -56,11 +57,34 @@ class EngineConfigRecord:
     applied_by: str = AppliedBy.OBSERVED
     draft_model: str | None = None
     num_spec_tokens: int | None = None
-    # vLLM's num_speculative_tokens_per_batch_size: rows (lo, hi, K), first row starts at 1.
+    # vLLM's per-batch-size K table: rows (lo, hi, K), first row starts at 1.
     k_table: tuple[tuple[int, int, int], ...] | None = None
     spec_config: dict[str, Any] | None = None
     ended_at: datetime | None = None
     decision_id: int | None = None
+
+    @classmethod
+    def of(
+        cls, spec: SpecConfig, started_at: datetime, applied_by: str, decision_id: int | None = None
+    ) -> EngineConfigRecord:
+        """The record of ``spec`` in force from ``started_at`` (columns for queries, the full config as JSON)."""
+        return cls(
+            method=spec.method,
+            started_at=started_at,
+            applied_by=applied_by,
+            draft_model=spec.model,
+            num_spec_tokens=spec.k,
+            k_table=spec.k_table,
+            spec_config=spec.to_vllm(),
+            decision_id=decision_id,
+        )
+
+    @property
+    def spec(self) -> SpecConfig:
+        """The full config (rebuilt from the columns for a row stored without its JSON)."""
+        if self.spec_config is not None:
+            return SpecConfig.from_vllm(self.spec_config)
+        return SpecConfig(self.method, self.draft_model, self.num_spec_tokens, self.k_table)
 
 
 @dataclass(frozen=True)
@@ -81,9 +105,19 @@ class DecisionRecord:
     inputs: dict[str, Any]
     mode: str = "advisory"
     engine: EngineKey | None = None
-    proposed_config: dict[str, Any] | None = None
+    proposed_config: dict[str, Any] | None = None  # vLLM's JSON (see ``proposed``)
     predicted_gain: float | None = None
     status: str = DecisionStatus.PROPOSED  # at creation; see StoredDecision
+
+    @property
+    def proposed(self) -> SpecConfig | None:
+        """``proposed_config`` as a :class:`SpecConfig` (None when there is none or it is not one)."""
+        if self.proposed_config is None:
+            return None
+        try:
+            return SpecConfig.from_vllm(self.proposed_config)
+        except ValueError:
+            return None
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,10 @@
-"""Tag per-request records with the engine config in force when they finished.
+"""Tag records with the engine config in force: the one place a record gets its ``config_id``.
+
+Windows and steps name their engine series, so :class:`ConfigTaggingSink` looks the config up per
+series at the record's time (``Store.config_at``). Requests are tagged by :class:`RequestConfigTagger`
+(below), which the sink also uses when it knows the server's metrics URL.
+
+Per-request records, tagged with the engine config in force when they finished:
 
 The tap sees requests, not engine series: a request names its model and the upstream it went to.
 Configs are recorded per engine series (metrics URL × model × vLLM ``engine`` label), so a request
@@ -10,11 +16,12 @@ stays None (the collector may not have seen the engine yet).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import datetime
+from typing import Any, TypeVar
 
-from collectors.records import EngineKey, RequestRecord
+from collectors.records import EngineKey, EngineSample, EventRecord, RequestRecord, StepRecord, WindowRecord
 from tuner.store.records import StoredConfig
 from tuner.store.store import Store
 
@@ -72,3 +79,60 @@ class RequestConfigTagger:
 def _engine_order(key: EngineKey) -> tuple[int, str]:
     # vLLM's engine labels are data-parallel ranks ("0", "1", ...): numeric order, not text order.
     return (int(key.engine), "") if key.engine.isdigit() else (1 << 30, key.engine)
+
+
+_Tagged = TypeVar("_Tagged", WindowRecord, StepRecord)
+
+
+class ConfigTaggingSink:
+    """Passes records to the store, stamping windows with the id of the config in force for their
+    engine series (so rollups and later analysis can split by config)."""
+
+    def __init__(self, store: Store, metrics_url: str | None = None) -> None:
+        self.store = store
+        # requests name a model, not a series: tagged per model at the server's metrics URL when known
+        self.requests = RequestConfigTagger(store, metrics_url) if metrics_url is not None else None
+
+    def _tag(
+        self, records: Sequence[_Tagged], at: Callable[[_Tagged], datetime], ids: dict[Any, int | None] | None = None
+    ) -> list[_Tagged]:
+        """Each record's ``config_id``: the config in force for its series at the first record's time."""
+        ids = {} if ids is None else ids
+        tagged = []
+        for r in records:
+            if r.key not in ids:
+                cfg = self.store.config_at(r.key, at(r))
+                ids[r.key] = cfg.id if cfg is not None else None
+            tagged.append(replace(r, config_id=ids[r.key]) if r.config_id is None else r)
+        return tagged
+
+    def write_windows(self, records: Sequence[WindowRecord]) -> None:
+        self.store.write_windows(self._tag(records, lambda w: w.start))
+
+    def write_scrape(
+        self,
+        windows: Sequence[WindowRecord],
+        events: Sequence[EventRecord] = (),
+        baselines: Sequence[EngineSample] = (),
+    ) -> None:
+        self.store.write_scrape(self._tag(windows, lambda w: w.start), events, baselines)
+
+    def baselines(self, url: str) -> Sequence[EngineSample]:
+        return self.store.baselines(url)
+
+    def write_requests(self, records: Sequence[RequestRecord]) -> None:
+        self.store.write_requests(self.requests.tag(records) if self.requests is not None else records)
+
+    def write_steps(self, records: Sequence[StepRecord]) -> None:
+        self.store.write_steps(self._tag(records, lambda s: s.ts))
+
+    def write_windows_and_steps(self, windows: Sequence[WindowRecord], steps: Sequence[StepRecord]) -> None:
+        """Windows and the steps of the same interval, tagged with one config lookup per series (the
+        simulator's flush: one decide interval under one config)."""
+        ids: dict[Any, int | None] = {}
+        self.store.write_windows(self._tag(windows, lambda w: w.start, ids))
+        if steps:
+            self.store.write_steps(self._tag(steps, lambda s: s.ts, ids))
+
+    def write_events(self, records: Sequence[EventRecord]) -> None:
+        self.store.write_events(records)

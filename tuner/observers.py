@@ -15,7 +15,7 @@ from collectors.scrape import metrics_url
 from tuner.alerts.dispatcher import AlertDispatcher, build_dispatcher
 from tuner.alerts.sinks import SinkConfigError
 from tuner.config import SpectunerConfig
-from tuner.controller.reconcile import TickResult
+from tuner.controller.audit import TickResult
 from tuner.exporters.service import ExportService
 from tuner.store import Store
 

@@ -1,0 +1,315 @@
+"""The decision context: everything one decision may read, built from the store in one call.
+
+:func:`build_context` is the only place a decision reads the store. It returns a frozen
+:class:`DecisionContext` (the policy's whole input, like Ray Serve's autoscaling context) and the
+controller's :class:`ControllerMemory` for the next tick: what matters between ticks is a value passed
+in and handed back, never hidden state. :class:`DecisionInputs` is what the audit row keeps of a
+context, typed both ways, so verification reads back exactly what the decision saw.
+
+Evidence is the windows of the engine series under the config now in force, ending in the last
+``evidence_window_s`` and starting after the config did (a window that spans a restart mixes two
+configs and is left out).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from typing import Any
+
+from collectors.records import EngineKey
+from policies.acceptance import AcceptanceEvidence, AlphaEstimate, alpha_of_windows
+from policies.counters import SpecCounters
+from policies.draft_choice import DraftCandidate, SpecWindow
+from policies.spec_config import SpecConfig
+from policies.step_cost import StepCostModel
+from tuner.controller.candidates import current_candidate, same_draft
+from tuner.controller.evidence import (
+    HistoryCache,
+    LoadProfile,
+    measured_history,
+    spec_windows,
+    summarize,
+    window_batches,
+    windows_under,
+)
+from tuner.controller.settings import ControllerSettings
+from tuner.controller.step_cost import config_specs, step_cost_from_steps
+from tuner.store import Store, StoredConfig
+
+
+@dataclass(frozen=True)
+class DecisionContext:
+    """What was measured under the current config, and what a decision may choose from. Rates are
+    generated tokens per second; batch sizes are requests running."""
+
+    now: datetime
+    keys: tuple[EngineKey, ...]
+    config_id: int
+    current: SpecConfig
+    spec: SpecCounters  # the evidence window's counters, summed
+    alpha: AlphaEstimate  # policies.acceptance.alpha_of_windows of the evidence window: THE α̂
+    windows: int
+    duration_s: float  # per engine series, summed
+    generation_tokens: float
+    window_rates: tuple[float, ...] = ()  # one per window (the noise of a comparison)
+    window_batches: tuple[float | None, ...] = ()  # aligned with window_rates (None: not scraped)
+    mean_batch_size: float | None = None
+    # (duration s, requests running) per window: the load profile a per-batch-size table is judged on
+    batch_profile: tuple[tuple[float, float], ...] = ()
+    # (duration s, requests running) over the controller's load horizon under any config: the load one K
+    # must serve (empty: judge K at the mean batch of the evidence window)
+    load_profile: tuple[tuple[float, float], ...] = ()
+    # T(B, K) from the plugin's per-step records (tuner.controller.step_cost); None: not enough steps
+    step_cost: StepCostModel | None = None
+    step_cost_note: str | None = None
+    step_cost_source: str = "fitted"  # "fitted", "pinned" or either "+ measured cells"
+    running: DraftCandidate | None = None  # the candidate the engine runs now (None: speculation off)
+    # For the draft-swap policy (set when swapping is on and candidates are configured):
+    candidates: tuple[DraftCandidate, ...] = ()  # every candidate, the running one included
+    trigger_windows: tuple[SpecWindow, ...] = ()  # the current config's windows over the swap duration
+    history: Mapping[str, AcceptanceEvidence] = field(default_factory=dict)  # candidate name → measured α
+    failed: tuple[SpecConfig, ...] = ()  # configs that failed to apply or regressed lately (not proposed again)
+    failed_candidates: frozenset[str] = frozenset()  # candidates whose draft is among them
+
+    @property
+    def goodput_tokens_per_s(self) -> float | None:
+        return self.generation_tokens / self.duration_s if self.duration_s > 0 else None
+
+    def to_inputs(self, policy_details: Mapping[str, Any] | None = None) -> DecisionInputs:
+        return DecisionInputs(
+            config_id=self.config_id,
+            current_config=self.current,
+            drafts=self.spec.drafts,
+            draft_tokens=self.spec.draft_tokens,
+            accepted_tokens=self.spec.accepted_tokens,
+            accepted_per_pos=tuple(self.spec.accepted_per_pos),
+            windows=self.windows,
+            duration_s=self.duration_s,
+            goodput_tokens_per_s=self.goodput_tokens_per_s,
+            window_rates=self.window_rates,
+            window_batches=self.window_batches,
+            mean_batch_size=self.mean_batch_size,
+            step_cost=(
+                {"source": self.step_cost_source, "model": self.step_cost.to_dict(), "message": self.step_cost_note}
+                if self.step_cost is not None
+                else None
+            ),
+            policy=dict(policy_details or {}),
+        )
+
+
+@dataclass(frozen=True)
+class DecisionInputs:
+    """The audit row's ``inputs``: enough to re-derive the decision and to verify it afterwards.
+
+    :meth:`from_json` is the one reader of stored inputs; a row written by an older spectuner, or edited
+    by hand, reads with the unusable fields empty (verification then judges on raw rates)."""
+
+    config_id: int | None = None
+    current_config: SpecConfig | None = None
+    drafts: int | None = None
+    draft_tokens: int | None = None
+    accepted_tokens: int | None = None
+    accepted_per_pos: tuple[int, ...] = ()
+    windows: int | None = None
+    duration_s: float | None = None
+    goodput_tokens_per_s: float | None = None
+    window_rates: tuple[float, ...] = ()
+    window_batches: tuple[float | None, ...] = ()
+    mean_batch_size: float | None = None
+    step_cost: dict[str, Any] | None = None
+    policy: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "config_id": self.config_id,
+            "current_config": self.current_config.to_vllm() if self.current_config is not None else None,
+            "drafts": self.drafts,
+            "draft_tokens": self.draft_tokens,
+            "accepted_tokens": self.accepted_tokens,
+            "accepted_per_pos": list(self.accepted_per_pos),
+            "windows": self.windows,
+            "duration_s": self.duration_s,
+            "goodput_tokens_per_s": self.goodput_tokens_per_s,
+            "window_rates": list(self.window_rates),
+            "window_batches": list(self.window_batches),
+            "mean_batch_size": self.mean_batch_size,
+            "step_cost": self.step_cost,
+            "policy": self.policy,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> DecisionInputs:
+        def number(key: str) -> float | None:
+            v = data.get(key)
+            return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+        def whole(key: str) -> int | None:
+            v = data.get(key)
+            return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+        def listed(key: str) -> list[Any]:
+            v = data.get(key)
+            return v if isinstance(v, list) else []
+
+        current = None
+        raw = data.get("current_config")
+        if isinstance(raw, dict):
+            try:
+                current = SpecConfig.from_vllm(raw)
+            except ValueError:
+                current = None
+        rates = listed("window_rates")
+        per_pos = listed("accepted_per_pos")
+        step_cost = data.get("step_cost")
+        policy = data.get("policy")
+        return cls(
+            config_id=whole("config_id"),
+            current_config=current,
+            drafts=whole("drafts"),
+            draft_tokens=whole("draft_tokens"),
+            accepted_tokens=whole("accepted_tokens"),
+            accepted_per_pos=tuple(int(x) for x in per_pos)
+            if all(isinstance(x, int | float) and not isinstance(x, bool) for x in per_pos)
+            else (),
+            windows=whole("windows"),
+            duration_s=number("duration_s"),
+            goodput_tokens_per_s=number("goodput_tokens_per_s"),
+            window_rates=tuple(float(r) for r in rates if isinstance(r, int | float))
+            if all(isinstance(r, int | float) for r in rates)
+            else (),
+            window_batches=tuple(float(b) if isinstance(b, int | float) else None for b in listed("window_batches")),
+            mean_batch_size=number("mean_batch_size"),
+            step_cost=step_cost if isinstance(step_cost, dict) else None,
+            policy=policy if isinstance(policy, dict) else {},
+        )
+
+
+@dataclass(frozen=True)
+class ControllerMemory:
+    """What the controller carries from one tick to the next; everything else is read from the database
+    on every tick, so a restarted daemon carries on where it stopped (this memory only starts empty,
+    which delays a change by the hysteresis ticks and costs a few more store reads).
+
+    The three caches hold store reads that never change the outcome, only what a tick costs to read."""
+
+    streak: tuple[str | None, int] = (None, 0)  # (target fingerprint, decisions in a row proposing it)
+    last_recorded: tuple[str, str] | None = None  # (target, status:reason) of the last held/advisory row
+    history: HistoryCache = field(default_factory=HistoryCache)  # α evidence read so far, per config period
+    load: LoadProfile = field(default_factory=LoadProfile)  # requests running over the load horizon
+    # (read at, running draft, (T(B, K), note, source)): re-read every refit interval or on a swap
+    step_cost: tuple[datetime, tuple[str, str | None], tuple[StepCostModel, str, str] | None] | None = None
+
+
+def build_context(
+    store: Store,
+    keys: Sequence[EngineKey],
+    stored: StoredConfig,
+    now: datetime,
+    settings: ControllerSettings,
+    configured: Sequence[DraftCandidate],
+    failed: Sequence[SpecConfig],
+    memory: ControllerMemory,
+) -> tuple[DecisionContext, ControllerMemory]:
+    """The policy's snapshot (see the module doc) and the memory for the next tick.
+
+    ``configured``: the swap candidates as configured now (the config file's and the registry's);
+    ``failed``: the configs that failed or regressed within the retry horizon."""
+    p = settings.policy.policy
+    ctx = measure(store, keys, stored, now, p.evidence_window_s, p.confidence)
+    running, everyone = current_candidate(ctx.current, configured, p.cost_ratio)
+    load_profile = () if p.per_batch_size else memory.load.update(store, keys, now, p.load_horizon_s)
+    ctx = replace(ctx, load_profile=load_profile, running=running, failed=tuple(failed))
+    ctx, memory = _with_step_cost(ctx, store, settings, running, memory)
+    if settings.policy.swap is None or not configured:
+        return ctx, memory
+    return replace(
+        ctx,
+        candidates=tuple(everyone),
+        trigger_windows=spec_windows(store, keys, stored, now, settings.policy.swap.duration_s),
+        history=measured_history(store, keys, now, settings.history_s, everyone, same_draft, memory.history),
+        failed_candidates=frozenset(c.name for c in everyone if any(same_draft(f, c) for f in failed)),
+    ), memory
+
+
+def measure(
+    store: Store,
+    keys: Sequence[EngineKey],
+    stored: StoredConfig,
+    now: datetime,
+    evidence_window_s: float,
+    confidence: float = 0.95,
+) -> DecisionContext:
+    """The measured part of a context: the windows under ``stored`` over the last ``evidence_window_s``
+    (what the simulator's baseline policies read too)."""
+    current = stored.config.spec
+    started = stored.config.started_at
+    # min(…, now): a config recorded a moment after ``now`` (a rollback that just finished) has no windows yet
+    since = min(max(now - timedelta(seconds=evidence_window_s), started), now)
+    wins = windows_under(store, keys, started, since, now + timedelta(microseconds=1))
+    spec, duration_s, tokens, rates, running_mean = summarize(wins)
+    return DecisionContext(
+        now=now,
+        keys=tuple(keys),
+        config_id=stored.id,
+        current=current,
+        spec=spec,
+        alpha=alpha_of_windows([w.spec for w in wins if w.spec is not None], confidence),
+        windows=len(wins),
+        duration_s=duration_s,
+        generation_tokens=tokens,
+        window_rates=rates,
+        window_batches=window_batches(wins),
+        mean_batch_size=running_mean,
+        batch_profile=tuple(
+            (w.duration_s, float(w.requests_running))
+            for w in wins
+            if w.duration_s > 0 and w.requests_running is not None and math.isfinite(w.requests_running)
+        ),
+    )
+
+
+def _with_step_cost(
+    ctx: DecisionContext,
+    store: Store,
+    settings: ControllerSettings,
+    running: DraftCandidate | None,
+    memory: ControllerMemory,
+) -> tuple[DecisionContext, ControllerMemory]:
+    """T(B, K) of the running draft from the plugin's steps, refit every ``step_cost_refit_s`` or on a swap."""
+    p = settings.policy.policy
+    if not p.step_cost_fit:
+        return ctx, memory
+    cached = memory.step_cost
+    draft = ctx.current.draft
+    if cached is not None and cached[1] == draft and ctx.now - cached[0] < timedelta(seconds=p.step_cost_refit_s):
+        fitted = cached[2]
+    else:
+        ratio = running.cost_ratio_for(p.target_params) if running is not None else None
+        fitted = step_cost_from_steps(
+            store,
+            ctx.keys,
+            ctx.current,
+            config_specs(store, ctx.keys, ctx.now, p.step_cost_horizon_s),
+            ctx.now,
+            p,
+            p.cost_ratio if ratio is None else ratio,
+            pinned=settings.policy.pinned_step_cost,
+        )
+        memory = replace(memory, step_cost=(ctx.now, draft, fitted))
+    if fitted is None:
+        return ctx, memory
+    model, note, source = fitted
+    return replace(ctx, step_cost=model, step_cost_note=note, step_cost_source=source), memory
+
+
+__all__ = [
+    "ControllerMemory",
+    "DecisionContext",
+    "DecisionInputs",
+    "build_context",
+    "measure",
+]

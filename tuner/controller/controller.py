@@ -1,0 +1,351 @@
+"""The controller: one decision is context → policy → guardrails → apply → audit; one verification is
+after-windows → verdict → keep or roll back.
+
+Reading order for one K decision (docs/architecture.md): :meth:`Controller.decide` here →
+:func:`~tuner.controller.context.build_context` (the only store reads) →
+:func:`~tuner.controller.policy.propose` (pure, composed from ``policies/``) →
+:func:`~tuner.controller.guardrails.check_guardrails` (pure rails) →
+:func:`~tuner.controller.apply.apply_config` (actuator + audit).
+
+The controller holds no state that matters across restarts: pauses, overrides, pending
+verifications, recent changes and recently failed configs are read from the database on every tick;
+what it carries between ticks is one explicit value, :class:`~tuner.controller.context.ControllerMemory`.
+Time comes in as ``now`` (and ``clock`` for the moment an apply finished); nothing here reads the
+system clock.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from datetime import datetime, timedelta
+
+from collectors.records import EngineKey
+from policies.draft_choice import DraftCandidate
+from policies.memory import check_memory
+from policies.spec_config import SpecConfig
+from tuner.actuators.base import Actuator
+from tuner.controller import manual
+from tuner.controller.apply import apply_config, in_force, roll_back
+from tuner.controller.audit import CHANGE, CHANGE_SOURCES, TickResult, record_configs, write_event
+from tuner.controller.context import ControllerMemory, DecisionContext, DecisionInputs, build_context
+from tuner.controller.evidence import summarize, window_batches, windows_under
+from tuner.controller.guardrails import ControllerState, Proposal, check_guardrails, next_streak
+from tuner.controller.policy import PolicyOutcome, propose
+from tuner.controller.recovery import config_to_start, recover
+from tuner.controller.settings import ControllerSettings
+from tuner.controller.verify import judge_at_matched_load, prompt_shift
+from tuner.store import AppliedBy, DecisionRecord, DecisionStatus, Store, StoredConfig, StoredDecision
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], datetime]
+Policy = Callable[[DecisionContext], PolicyOutcome]
+Candidates = Callable[[], Sequence[DraftCandidate]]
+
+SUPERSEDED = "superseded"  # an override replaced by a newer one before it was applied
+
+
+class Controller:
+    def __init__(
+        self,
+        store: Store,
+        actuator: Actuator,
+        settings: ControllerSettings,
+        clock: Clock,
+        policy: Policy | None = None,
+        candidates: Candidates | None = None,
+    ) -> None:
+        self.store = store
+        self.actuator = actuator
+        self.settings = settings
+        self.clock = clock
+        self.policy: Policy = policy or (lambda ctx: propose(ctx, settings.policy))
+        # Swap candidates are read on every tick: the operator's registry may change at run time.
+        self.candidates: Candidates = candidates or (lambda: ())
+        self.memory = ControllerMemory()
+        # decide/verify/sync run on scheduler threads: one at a time, so a config recorded by an apply
+        # is never raced by the collector's sync recording the same config as "observed".
+        self.lock = threading.RLock()
+
+    # -- the entry points (serialised) -------------------------------------------------------------
+    def sync_configs(self, now: datetime, applied_by: str = AppliedBy.STARTUP) -> None:
+        """Record the actuator's config for engine series that have none or a different one
+        (first scrape after a start: the collector has just learned the series' keys)."""
+        with self.lock:
+            spec = in_force(self.actuator)
+            if spec is None:
+                return
+            for key in self.engine_keys():
+                stored = self.store.current_config(key)
+                if stored is None or stored.config.spec.fingerprint != spec.fingerprint:
+                    record_configs(self.store, [key], spec, now, applied_by)
+
+    def decide(self, now: datetime) -> TickResult:
+        """One reconcile step: overrides, else context → policy → guardrails → actuator → audit."""
+        with self.lock:
+            return self._decide(now)
+
+    def verify(self, now: datetime) -> list[TickResult]:
+        """Judge every applied change whose evaluation window has passed; roll back a regression."""
+        with self.lock:
+            return [self._verify_one(d, now) for d in self._due(now)]
+
+    def recover(self, now: datetime) -> list[int]:
+        """After a crash: applies that never finished are closed (:mod:`tuner.controller.recovery`)."""
+        with self.lock:
+            return recover(self.store, self.engine_keys(), now)
+
+    def config_to_start(self, default: SpecConfig) -> tuple[SpecConfig, str]:
+        return config_to_start(self.current_config(), default)
+
+    # -- engines and state from the database -------------------------------------------------------
+    def engine_keys(self) -> list[EngineKey]:
+        """The engine series this controller drives (every data-parallel rank of the server)."""
+        return sorted(
+            (
+                e.key
+                for e in self.store.engines()
+                if e.key.url == self.settings.metrics_url
+                and (self.settings.model_name is None or e.key.model_name == self.settings.model_name)
+            ),
+            key=lambda k: (k.model_name, k.engine),
+        )
+
+    def current_config(self, keys: Sequence[EngineKey] | None = None) -> StoredConfig | None:
+        keys = self.engine_keys() if keys is None else keys
+        return self.store.current_config(keys[0]) if keys else None
+
+    def failed_configs(self, now: datetime) -> list[SpecConfig]:
+        """Configs the controller proposed that did not come up (or were rolled back) lately."""
+        since = now - timedelta(seconds=self.settings.failed_retry_s)
+        out = []
+        for d in self.store.decisions(since, None, status=(DecisionStatus.ROLLED_BACK, DecisionStatus.FAILED)):
+            proposed = d.decision.proposed
+            if proposed is not None and d.decision.action == CHANGE:
+                out.append(proposed)
+        return out
+
+    def state(self, now: datetime, keys: Sequence[EngineKey], failed: Sequence[SpecConfig]) -> ControllerState:
+        gr = self.settings.guardrails
+        look_back = timedelta(seconds=max(3600.0, gr.cooldown_s))
+        change_times: list[datetime] = []
+        if keys:
+            change_times = [
+                c.config.started_at
+                for c in self.store.configs(keys[0], since=now - look_back, until=now + timedelta(microseconds=1))
+                if c.config.applied_by in CHANGE_SOURCES
+            ]
+        in_flight = self.store.decisions(status=(DecisionStatus.APPLIED, DecisionStatus.APPLYING))
+        pending = any(
+            d.status == DecisionStatus.APPLYING or d.decision.action in (CHANGE, manual.OVERRIDE) for d in in_flight
+        )
+        target, count = self.memory.streak
+        return ControllerState(
+            paused=bool(manual.active_pauses(self.store)),
+            pending_verification=pending,
+            change_times=tuple(change_times),
+            streak_target=target,
+            streak_count=count,
+            failed_targets=frozenset(c.fingerprint for c in failed),
+        )
+
+    def switching_cost_s(self, target: SpecConfig, now: datetime) -> float | None:
+        """Seconds of serving a change to ``target`` is expected to cost: the actuator's own figure for its
+        strategy, else the median serving gap of this week's applied restarts, else None (the rail then
+        uses the configured ``restart_downtime_s``)."""
+        cost = self.actuator.switching_cost_s(target.to_vllm())
+        if cost is not None or not self.actuator.needs_restart:
+            return cost
+        gaps = [
+            float(e.data["downtime_s"])
+            for e in self.store.events(now - timedelta(days=7), now + timedelta(microseconds=1), kind="config_applied")
+            if isinstance(e.data.get("downtime_s"), int | float)
+        ]
+        return statistics.median(gaps) if gaps else None
+
+    # -- decide ------------------------------------------------------------------------------------
+    def _decide(self, now: datetime) -> TickResult:
+        keys = self.engine_keys()
+        if not keys:
+            return TickResult("none", "no_engine", "No engine series seen yet at this URL; waiting for the collector.")
+        current = self.current_config(keys)
+        if current is None:
+            return TickResult("none", "no_config", "The engine's current config is not known yet.")
+        failed = self.failed_configs(now)  # read once: the rails and the policy see the same list
+        state = self.state(now, keys, failed)
+        ctx, self.memory = build_context(
+            self.store, keys, current, now, self.settings, tuple(self.candidates()), failed, self.memory
+        )
+        self._watch_budget(ctx, current)
+
+        override = self._override(keys, now)
+        if override is not None:
+            if state.paused or state.pending_verification:
+                return TickResult("blocked", "override_waiting", "A manual override waits for resume or verification.")
+            order_id, target = override
+            self.memory = replace(self.memory, last_recorded=None)
+            return apply_config(self.store, self.actuator, self.clock, order_id, target, now, keys, AppliedBy.MANUAL)
+
+        outcome = self.policy(ctx)
+        if outcome.acceptance_low:
+            self._event_once(
+                ctx, current, "acceptance_low", "warning", f"Draft acceptance stays low: {outcome.acceptance_low}"
+            )
+        if outcome.target is None or outcome.predicted_gain is None or outcome.predicted_gain_ci is None:
+            self.memory = replace(self.memory, streak=(None, 0))
+            return TickResult("hold", outcome.reason.value, outcome.message)
+        target_fp = outcome.target.fingerprint
+        proposal = Proposal(
+            target=target_fp,
+            predicted_gain=outcome.predicted_gain,
+            predicted_gain_ci=outcome.predicted_gain_ci,
+            drafts=ctx.spec.drafts,
+            evidence_s=ctx.duration_s / max(len(keys), 1),
+            needs_restart=self.actuator.needs_restart_for(outcome.target.to_vllm()),
+        )
+        rails = self.settings.guardrails
+        cost_s = self.switching_cost_s(outcome.target, now)
+        if cost_s is not None:
+            rails = rails.model_copy(update={"restart_downtime_s": cost_s})
+        block = check_guardrails(rails, state, proposal, now)
+        self.memory = replace(self.memory, streak=next_streak(state, target_fp))
+        inputs = ctx.to_inputs(outcome.details).to_json()
+        if block is not None:
+            return self._record_once(
+                ctx, outcome, inputs, DecisionStatus.BLOCKED, block.reason.value,
+                f"{outcome.message} Held back: {block.message}",
+            )  # fmt: skip
+        if not self.settings.auto:
+            return self._record_once(
+                ctx, outcome, inputs, DecisionStatus.ADVISORY, outcome.reason.value,
+                f"{outcome.message} (advisory mode: not applied)",
+            )  # fmt: skip
+        decision_id = self.store.record_decision(
+            DecisionRecord(
+                created_at=now,
+                action=CHANGE,
+                reason=outcome.reason.value,
+                message=outcome.message,
+                inputs=inputs,
+                mode="auto",
+                engine=keys[0],
+                proposed_config=outcome.target.to_vllm(),
+                predicted_gain=outcome.predicted_gain,
+                status=DecisionStatus.APPLYING,
+            )
+        )
+        self.memory = replace(self.memory, streak=(None, 0), last_recorded=None)
+        return apply_config(
+            self.store, self.actuator, self.clock, decision_id, outcome.target, now, keys, self.actuator.kind
+        )
+
+    def _override(self, keys: Sequence[EngineKey], now: datetime) -> tuple[int, SpecConfig] | None:
+        """The operator's override to apply: the newest pending one for this server (an override names its
+        engine series when the database holds several servers). Older pending ones are closed as
+        superseded, so overrides queued while no engine was seen are applied at most once, the newest."""
+        pending = [
+            o for o in manual.pending_overrides(self.store) if o.decision.engine is None or o.decision.engine in keys
+        ]
+        if not pending:
+            return None
+        newest = pending[-1]
+        for older in pending[:-1]:
+            self.store.update_decision(
+                older.id, status=SUPERSEDED, at=now, status_message=f"superseded by override {newest.id}"
+            )
+        target = newest.decision.proposed
+        if target is None:
+            self.store.update_decision(
+                newest.id, status=DecisionStatus.FAILED, at=now, status_message="the override holds no usable config"
+            )
+            return None
+        return newest.id, target
+
+    def _record_once(
+        self, ctx: DecisionContext, outcome: PolicyOutcome, inputs: dict[str, object], status: str, reason: str,
+        message: str,
+    ) -> TickResult:  # fmt: skip
+        """Audit a held-back or advisory proposal once per (target, reason), not on every tick."""
+        assert outcome.target is not None
+        marker = (outcome.target.fingerprint, f"{status}:{reason}")
+        if marker == self.memory.last_recorded:
+            return TickResult(str(status), reason, message)
+        self.memory = replace(self.memory, last_recorded=marker)
+        decision_id = self.store.record_decision(
+            DecisionRecord(
+                created_at=ctx.now,
+                action=CHANGE,
+                reason=reason,
+                message=message,
+                inputs=dict(inputs),
+                mode=self.settings.controller.mode.value,
+                engine=ctx.keys[0],
+                proposed_config=outcome.target.to_vllm(),
+                predicted_gain=outcome.predicted_gain,
+                status=status,
+            )
+        )
+        log.info("controller %s: %s", self.settings.metrics_url, message)
+        return TickResult(str(status), reason, message, decision_id)
+
+    def _event_once(self, ctx: DecisionContext, current: StoredConfig, kind: str, severity: str, message: str) -> None:
+        """An event raised at most once per config period (a condition, not every tick)."""
+        if self.store.events(current.config.started_at, ctx.now + timedelta(microseconds=1), kind=kind):
+            return
+        write_event(self.store, ctx.now, ctx.keys, kind, severity, message, None)
+
+    def _watch_budget(self, ctx: DecisionContext, current: StoredConfig) -> None:
+        """Raise ``budget_exceeded`` when the config in force breaks the memory budget at the load seen."""
+        memory = self.settings.policy.memory
+        if memory is None or ctx.running is None or not ctx.current.speculates:
+            return
+        seqs = max(1, round(max((b for _, b in ctx.batch_profile), default=ctx.mean_batch_size or 1.0)))
+        check = check_memory(ctx.running.footprint(), ctx.current.k or 0, seqs, memory)
+        if not check.fits:
+            self._event_once(ctx, current, "budget_exceeded", "warning", f"{ctx.current.describe()}: {check.message}")
+
+    # -- verify ------------------------------------------------------------------------------------
+    def _due(self, now: datetime) -> list[StoredDecision]:
+        window = timedelta(seconds=self.settings.controller.verify_window_s)
+        return [
+            d
+            for d in self.store.decisions(status=DecisionStatus.APPLIED)
+            if d.decision.action in (CHANGE, manual.OVERRIDE) and now >= d.updated_at + window
+        ]
+
+    def _verify_one(self, d: StoredDecision, now: datetime) -> TickResult:
+        keys = self.engine_keys()
+        applied_at = d.updated_at
+        after = windows_under(self.store, keys, applied_at, applied_at, now + timedelta(microseconds=1))
+        inputs = DecisionInputs.from_json(d.decision.inputs)
+        shift, shift_note = prompt_shift(
+            inputs.current_config,
+            inputs.drafts,
+            float(inputs.accepted_per_pos[0]) if inputs.accepted_per_pos else None,
+            d.decision.proposed,
+            [w.spec for w in after if w.spec is not None],
+        )
+        verdict = judge_at_matched_load(
+            inputs.window_rates,
+            inputs.window_batches,
+            [r / shift for r in summarize(after)[3]],
+            window_batches(after),
+            tolerance=self.settings.controller.regression_tolerance,
+        )
+        message = f"{verdict.message} {shift_note}" if shift_note else verdict.message
+        if verdict.rollback and d.decision.action == CHANGE and inputs.current_config is not None:
+            return roll_back(
+                self.store, self.actuator, self.clock, d.id, inputs.current_config, message, verdict.realized_gain,
+                now, keys,
+            )  # fmt: skip
+        self.store.update_decision(
+            d.id, status=DecisionStatus.VERIFIED, at=now, realized_gain=verdict.realized_gain, status_message=message
+        )
+        return TickResult("verified", verdict.reason.value, message, d.id)
+
+
+__all__ = ["SUPERSEDED", "Controller", "ControllerSettings", "TickResult"]

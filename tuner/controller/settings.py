@@ -1,0 +1,98 @@
+"""The controller's settings, built straight from the config file's typed sections.
+
+Defaults, units and documentation live in one place, the sections of :mod:`tuner.config`. What is
+here only groups them for the controller and derives the pure policies' own inputs from them (a
+:class:`~policies.memory.MemoryBudget`, a :class:`~policies.draft_choice.DraftTriggerConfig`, a pinned
+:class:`~policies.step_cost.StepCostModel`), each in one property, so a new key is added once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from policies.draft_choice import DraftTriggerConfig, TriggerStatistic
+from policies.memory import MemoryBudget
+from policies.step_cost import StepCostModel
+from tuner.config import (
+    ControllerSection,
+    GuardrailsSection,
+    MemorySection,
+    PolicySection,
+    SpectunerConfig,
+    SwapSection,
+)
+
+# A config the controller proposed that did not come up, or regressed, is not proposed again for this
+# long (seconds): a day lets a transient cause (a busy node, a bad hour of traffic) pass.
+FAILED_RETRY_S = 86400.0
+
+
+@dataclass(frozen=True)
+class PolicySettings:
+    """What the policy reads: ``[policy]`` as written, plus the memory budget and the swap trigger (None:
+    no budget / never swap)."""
+
+    policy: PolicySection = field(default_factory=PolicySection)
+    memory: MemoryBudget | None = None
+    swap: DraftTriggerConfig | None = None
+
+    @classmethod
+    def from_sections(
+        cls, policy: PolicySection, memory: MemorySection | None = None, swap: SwapSection | None = None
+    ) -> PolicySettings:
+        budget = None
+        if memory is not None and memory.budget_bytes is not None:
+            budget = MemoryBudget(
+                budget_bytes=memory.budget_bytes,
+                target_kv_bytes_per_token=memory.target_kv_bytes_per_token,
+                tokens_per_seq=memory.tokens_per_seq,
+            )
+        trigger = None
+        if swap is not None and swap.enabled:
+            trigger = DraftTriggerConfig(
+                threshold=swap.threshold,
+                duration_s=swap.duration_s,
+                min_drafts=swap.min_drafts,
+                statistic=TriggerStatistic(swap.statistic),
+                segments=swap.segments,
+                prior_strength_trials=swap.prior_strength_trials,
+                confidence=policy.confidence,
+            )
+        return cls(policy, budget, trigger)
+
+    @property
+    def pinned_step_cost(self) -> StepCostModel | None:
+        """``[policy.step_cost]``: an operator's measured T(B, K), which wins over a fit."""
+        sc = self.policy.step_cost
+        return None if sc is None else StepCostModel(sc.fixed_s, sc.per_token_s, sc.draft_fixed_s, sc.draft_per_seq_s)
+
+
+@dataclass(frozen=True)
+class ControllerSettings:
+    """One controller: which engine series it drives, and the sections that steer it."""
+
+    metrics_url: str  # the engine series' url, as the collector stores it
+    model_name: str | None = None
+    controller: ControllerSection = field(default_factory=ControllerSection)
+    guardrails: GuardrailsSection = field(default_factory=GuardrailsSection)
+    policy: PolicySettings = field(default_factory=PolicySettings)
+    history_s: float = SwapSection.model_fields["history_s"].default  # how far back a candidate's α counts
+    failed_retry_s: float = FAILED_RETRY_S
+
+    @classmethod
+    def from_config(cls, config: SpectunerConfig, metrics_url: str) -> ControllerSettings:
+        return cls(
+            metrics_url=metrics_url,
+            model_name=config.engine.model_name,
+            controller=config.controller,
+            guardrails=config.guardrails,
+            policy=PolicySettings.from_sections(config.policy, config.memory, config.swap),
+            history_s=config.swap.history_s,
+        )
+
+    @property
+    def auto(self) -> bool:
+        return self.controller.mode.value == "auto"
+
+
+__all__ = ["FAILED_RETRY_S", "ControllerSettings", "PolicySettings"]

@@ -1,0 +1,146 @@
+"""How ``spectuner run`` is assembled from its config: the actuator, the step ingest, the plugin's
+environment and token, the draft candidates and the controller's settings. Everything here is built
+once at start-up; :mod:`tuner.daemon` runs the loop around what it builds.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from collectors.records import RecordSink
+from collectors.scrape import metrics_url
+from collectors.step_ingest import StepFeed, StepIngestServer
+from collectors.vllm_plugin.client import ControlClient
+from collectors.vllm_plugin.wire import STEPS_PATH
+from policies.draft_choice import DraftCandidate
+from tuner.actuators import Actuator, CommandActuator, NullActuator, RestartActuator, WebhookActuator
+from tuner.actuators.live import LiveActuator, load_or_create_token, plugin_env
+from tuner.config import SpectunerConfig
+from tuner.controller.candidates import build_candidate
+from tuner.controller.drafts import registered_drafts
+from tuner.controller.settings import ControllerSettings
+from tuner.store import Store
+
+log = logging.getLogger(__name__)
+
+
+class DaemonStartError(RuntimeError):
+    """The daemon could not start (the engine did not come up, ...)."""
+
+
+def health_url_for(config: SpectunerConfig) -> str:
+    if config.engine.health_url:
+        return config.engine.health_url
+    target = metrics_url(config.engine.metrics_url)
+    return target.rsplit("/", 1)[0] + "/health"
+
+
+def _sidecar_starts_engine(config: SpectunerConfig) -> bool:
+    a = config.actuator
+    return a.kind == "restart" or (a.kind == "live" and a.live is not None and a.live.fallback == "restart")
+
+
+def plugin_token(config: SpectunerConfig) -> str | None:
+    """The shared plugin token (``[plugin] token_file``), created when the sidecar starts the engine."""
+    p = config.plugin
+    if not (p.ingest_listen or p.control_address):
+        return None
+    path = config.resolve(p.token_file)
+    try:
+        return load_or_create_token(path, create=_sidecar_starts_engine(config))
+    except ValueError as exc:
+        if p.control_address:
+            raise DaemonStartError(f"[plugin] control_address needs a token: {exc}") from None
+        return None  # ingest only: loopback without a token
+
+
+def engine_plugin_env(config: SpectunerConfig) -> dict[str, str]:
+    """Environment for an engine the sidecar starts, so the spectuner vLLM plugin in it finds the sidecar."""
+    p = config.plugin
+    if not (p.ingest_listen or p.control_address):
+        return {}
+    return plugin_env(
+        ingest_url=f"http://{p.ingest_listen}{STEPS_PATH}" if p.ingest_listen else None,
+        control_address=p.control_address,
+        token_file=config.resolve(p.token_file),
+    )
+
+
+def build_step_ingest(config: SpectunerConfig, sink: RecordSink, feed: StepFeed) -> StepIngestServer | None:
+    """The per-step ingest endpoint (``[plugin] ingest_listen``), or None when it is not configured."""
+    listen = config.plugin.ingest_listen
+    if not listen:
+        return None
+    host, _, port = listen.rpartition(":")
+    return StepIngestServer(
+        sink,
+        metrics_url(config.engine.metrics_url),
+        host="127.0.0.1" if host == "localhost" else host,
+        port=int(port),
+        token=plugin_token(config),
+        feed=feed,
+    )
+
+
+def build_actuator(config: SpectunerConfig, feed: StepFeed | None = None, kind: str | None = None) -> Actuator:
+    a = config.actuator
+    kind = kind or a.kind
+    if kind == "live" and a.live is not None and config.plugin.control_address:
+        return LiveActuator(
+            ControlClient(config.plugin.control_address, plugin_token(config) or "", a.live.control_timeout_s),
+            build_actuator(config, feed, kind=a.live.fallback),  # the fallback for what cannot be live
+            feed=feed if config.plugin.ingest_listen else None,  # no step stream: verify by read-back only
+            k_max=a.live.k_max or config.policy.k_max,
+            verify_timeout_s=a.live.verify_timeout_s,
+            min_evidence_steps=a.live.min_evidence_steps,
+        )
+    if kind == "restart" and a.restart is not None:
+        return RestartActuator(
+            a.restart.argv,
+            health_url_for(config),
+            config.resolve(a.restart.log_path),
+            startup_timeout_s=a.restart.startup_timeout_s,
+            shutdown_timeout_s=a.restart.shutdown_timeout_s,
+            pass_shutdown_timeout=a.restart.pass_shutdown_timeout,
+            env={**a.restart.env, **engine_plugin_env(config)},
+        )
+    if kind == "command" and a.command is not None:
+        return CommandActuator(a.command.argv, a.command.timeout_s)
+    if kind == "webhook" and a.webhook is not None:
+        return WebhookActuator(a.webhook.url, a.webhook.timeout_s, a.webhook.headers)
+    return NullActuator()
+
+
+def controller_settings(config: SpectunerConfig) -> ControllerSettings:
+    """The controller's settings: the config's sections as they are, for the engine at ``[engine] metrics_url``."""
+    return ControllerSettings.from_config(config, metrics_url(config.engine.metrics_url))
+
+
+def draft_candidates(config: SpectunerConfig, store: Store) -> list[DraftCandidate]:
+    """The config file's ``[[drafts]]`` and the operator's registry (``spectuner drafts add``); a
+    registry entry with the same name as a file entry replaces it."""
+    out: dict[str, DraftCandidate] = {}
+    for d in config.drafts:
+        out[d.name] = build_candidate(
+            d.name,
+            d.method,
+            str(config.resolve(d.model)) if d.model and Path(config.resolve(d.model)).exists() else d.model,
+            num_params=d.num_params,
+            dtype=d.dtype,
+            kv_bytes=d.kv_bytes_per_token,
+            prior_alpha=d.prior_alpha,
+            cost_ratio=d.cost_ratio,
+            extra=d.extra,
+        )
+    for spec in registered_drafts(store):
+        out[spec.name] = build_candidate(
+            spec.name,
+            spec.method,
+            spec.model,
+            num_params=spec.num_params,
+            dtype=spec.dtype,
+            kv_bytes=spec.kv_bytes_per_token,
+            extra=spec.extra,
+        )
+    return list(out.values())
