@@ -193,7 +193,7 @@ def run_spectuner(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     policy: dict[str, Any] = {"k_max": args.k_max, "cost_ratio": args.cost_ratio, "evidence_window_s": 30.0,
                               "load_horizon_s": 60.0,  # the phases are 45 s: judge K on the last minute's load
                               "step_cost_refit_s": 20.0}  # and read the measured step cells every other tick
-    if not args.no_step_cost:  # the lab's T(B, K) fitted from LAB.md's throughput table (docs/simulator.md)
+    if not args.no_step_cost:  # the lab's T(B, K) fitted from its throughput table (docs/lab.md, docs/simulator.md)
         policy["step_cost"] = {"fixed_s": 0.00208, "per_token_s": 0.0000953, "draft_fixed_s": 0.001566,
                                "draft_per_seq_s": 0.000217}
     if not args.no_table:

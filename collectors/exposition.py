@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -476,6 +475,3 @@ def _fmt(name: str, labels: dict[str, str]) -> str:
     return f"{name}{{{inner}}}" if inner else name
 
 
-def engines_on_page(samples: Iterable[EngineSample]) -> list[str]:
-    """Human list of the engines a page holds, for messages: ``model/engine``."""
-    return [f"{s.key.model_name}/{s.key.engine}" for s in samples]

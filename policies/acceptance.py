@@ -1,6 +1,6 @@
 """α, the draft's per-token acceptance probability, estimated from speculation counters.
 
-Purely computational, no side effects. Notation (DESIGN.md, "The quantities"): over a window with K
+Purely computational, no side effects. Notation (docs/architecture.md, "The quantities"): over a window with K
 speculative tokens there are D drafts, T = K·D draft tokens, A accepted tokens and a_i drafts that
 accepted at least i+1 tokens (vLLM's ``num_accepted_tokens_per_pos``).
 
@@ -236,7 +236,7 @@ class AlphaEstimate:
     evidence: AcceptanceEvidence | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """Exactly the keys of DESIGN.md's ``spectuner estimate --json``."""
+        """Exactly the keys of ``spectuner estimate --json``."""
         return {
             "num_spec_tokens": self.num_spec_tokens,
             "drafts": self.drafts,

@@ -1,8 +1,8 @@
 """What a K-choice needs from acceptance: E(K) with an interval, for any K.
 
-Purely computational. Two implementations: :class:`ConstantAlphaModel` (the i.i.d. model, E(α, K) with
-α's interval mapped through the monotone E) here, and ``policies.positional.PositionalModel`` (per-position
-conditional acceptance with a fitted decay beyond the observed K).
+Purely computational. The controller's implementation is :class:`ConstantAlphaModel` (the i.i.d. model,
+E(α, K) with α's interval mapped through the monotone E); the protocol lets a per-position model (with a
+fitted decay beyond the observed K) stand in where one earns its place.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from policies.acceptance import AlphaEstimate
 from policies.speedup import check_alpha, check_k, expected_tokens_per_step
 
 
@@ -43,11 +42,6 @@ class ConstantAlphaModel:
         """A known α (no uncertainty): what ``spectuner recommend --alpha`` means."""
         return cls(alpha, alpha, alpha)
 
-    @classmethod
-    def from_estimate(cls, estimate: AlphaEstimate) -> ConstantAlphaModel:
-        if estimate.alpha is None or estimate.alpha_ci is None:
-            raise ValueError(f"no α to model acceptance with: {estimate.message}")
-        return cls(estimate.alpha, estimate.alpha_ci[0], estimate.alpha_ci[1])
 
     def expected_tokens(self, k: int) -> float:
         check_k(k)

@@ -38,7 +38,7 @@ class ChangeDetectorConfig:
     min_reference_trials: float = 2000.0
     """Checked tokens in the reference before alarms are allowed (±0.02 on α at α ≈ 0.6)."""
     dispersion: float = 1.0
-    """Over-dispersion φ ≥ 1 of the windows (``policies.dispersion``)."""
+    """Over-dispersion φ ≥ 1 of the windows (1: binomial sampling alone)."""
 
     def __post_init__(self) -> None:
         checks = (

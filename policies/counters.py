@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 class SpecCounters:
     """Counts for one engine and one config over a window (or since engine start).
 
-    Notation as in DESIGN.md: D drafts, T draft tokens, A accepted tokens, a_i accepted at 0-based
+    Notation as in docs/architecture.md: D drafts, T draft tokens, A accepted tokens, a_i accepted at 0-based
     position i. ``num_spec_tokens`` (K) is inferred from the number of positions when the source
     does not name it (vLLM's /metrics never names K).
     """

@@ -2,7 +2,7 @@
 
 Purely computational: ``choose_draft(snapshot) -> DraftDecision``.
 
-Trigger (DESIGN.md): acceptance that **stays** below a threshold (0.4). By default the statistic is α̂
+Trigger (docs/architecture.md): acceptance that **stays** below a threshold (0.4). By default the statistic is α̂
 (a property of the draft, independent of K); optionally vLLM's raw draft acceptance rate A/T. "Stays"
 means, over the trailing ``duration_s``: the windows cover the period, hold at least ``min_drafts``
 drafts, the upper end of the pooled interval is below the threshold, and no sub-period (``segments``
@@ -95,7 +95,7 @@ class TriggerStatistic(StrEnum):
 @dataclass(frozen=True)
 class DraftTriggerConfig:
     threshold: float = 0.4
-    """Acceptance below which the draft is not worth its cost (DESIGN.md)."""
+    """Acceptance below which the draft is not worth its cost (docs/architecture.md)."""
     duration_s: float = 600.0
     """How long acceptance must stay low: ten minutes outlasts a burst of unusual prompts."""
     min_drafts: int = 2000

@@ -166,10 +166,6 @@ class SpecConfig:
         """This draft started at ``k_engine`` (K_max) with a per-batch-size table."""
         return replace(self, k=k_engine, k_table=_parse_table(rows))
 
-    def without_k(self) -> SpecConfig:
-        """The same draft with K and the table removed (what a live K change leaves unchanged)."""
-        return replace(self, k=None, k_table=None)
-
     def describe(self) -> str:
         """One line for logs, events, the audit log and the CLI: ``config method=… draft=… K=…
         table=lo-hi:K,…``, or ``speculation off``."""

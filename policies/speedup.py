@@ -12,7 +12,6 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
-from numpy.typing import NDArray
 
 
 def check_alpha(alpha: float) -> None:
@@ -35,11 +34,6 @@ def expected_tokens_per_step(alpha: float, k: int) -> float:
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
-def expected_accepted_per_draft(alpha: float, k: int) -> float:
-    """E[accepted draft tokens per draft] = E(α, K) − 1 = α(1 − α^K)/(1 − α)."""
-    return expected_tokens_per_step(alpha, k) - 1.0
-
-
 def expected_tokens_from_conditional(conditional: Sequence[float]) -> float:
     """E for a non-i.i.d. draft: 1 + Σ_{j=1..K} Π_{i<j} c_i, with c_i the conditional acceptance."""
     total, survive = 1.0, 1.0
@@ -47,15 +41,6 @@ def expected_tokens_from_conditional(conditional: Sequence[float]) -> float:
         survive *= c
         total += survive
     return total
-
-
-def expected_tokens_array(alpha: NDArray[np.float64], k: int) -> NDArray[np.float64]:
-    """Vectorised E(α, K) over an array of α (simulation and interval mapping)."""
-    a = np.asarray(alpha, dtype=float)
-    out = np.full_like(a, float(k + 1))
-    m = a < 1.0
-    out[m] = (1.0 - a[m] ** (k + 1)) / (1.0 - a[m])
-    return out
 
 
 def leviathan_speedup(alpha: float, k: int, cost_ratio: float) -> float:

@@ -262,7 +262,7 @@ class DraftCandidateSection(_Section):
 
 
 class SwapSection(_Section):
-    """When a draft must be replaced: acceptance *staying* below the threshold (DESIGN.md)."""
+    """When a draft must be replaced: acceptance *staying* below the threshold (docs/architecture.md)."""
 
     enabled: bool = True
     threshold: float = Field(default=0.4, gt=0, lt=1, description="acceptance below which a draft is replaced")

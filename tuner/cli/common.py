@@ -1,4 +1,4 @@
-"""Shared CLI plumbing: exit codes from DESIGN.md, JSON output, clear errors."""
+"""Shared CLI plumbing: exit codes from docs/architecture.md, JSON output, clear errors."""
 
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ def estimate(
     ),
     by_engine: bool = typer.Option(False, "--by-engine", help="One estimate per engine instead of the sum."),
     confidence: float = typer.Option(0.95, "--confidence", help="Level of alpha_ci, in (0, 1)."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON (keys as in DESIGN.md)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON (keys as in docs/architecture.md)."),
 ) -> None:
     """Estimate α (per-token acceptance of the draft) from one /metrics dump (totals since the
     engine started) or two (what happened between them)."""

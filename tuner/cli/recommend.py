@@ -1,4 +1,4 @@
-"""`spectuner recommend`: the best K from α and the draft/target cost ratio (DESIGN.md CLI contract).
+"""`spectuner recommend`: the best K from α and the draft/target cost ratio (CLI contract, docs/architecture.md).
 
     spectuner recommend --alpha 0.8 --cost-ratio 0.05 --k-max 16 --json
 

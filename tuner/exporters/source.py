@@ -197,8 +197,6 @@ class StoreSource:
             if len(rows) < _BATCH:
                 return
 
-    def _all_engines(self) -> list[tuple[int, EngineKey]]:
-        return [(e.id, e.key) for e in self.store.engines()]
 
     # -- everything ------------------------------------------------------------------------------
     def samples(self, now: datetime) -> list[Sample]:

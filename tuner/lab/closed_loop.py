@@ -4,7 +4,7 @@ Used by the closed-loop demo and the live controller tests. Intervals are short 
 minutes) so a whole loop — weak draft, swap, K tuning — fits a few minutes on 2 cores; the guardrail
 logic is the production one, only the numbers differ.
 
-The step-cost model is the lab's, derived from the throughput LAB.md measured for these tiny models
+The step-cost model is the lab's, derived from the throughput docs/lab.md records for these tiny models
 (no speculation 459 / 4428 tok/s at 1 / 16 streams; a target-sized draft at K = 3: 512 / 2743 tok/s):
 T(B, K) = 2.08 ms + 0.095 ms·B·(K+1) + K·(1.56 ms + 0.217 ms·B). A draft pass costs about 0.8 of a
 target pass (c ≈ 0.8: the lab's drafts are target-shaped), so speculation pays only with a very good

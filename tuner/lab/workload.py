@@ -98,9 +98,6 @@ class BackgroundLoad:
             t.join(timeout=self.timeout_s)
         return self.phases
 
-    def tokens_since(self, since: float) -> int:
-        with self._lock:
-            return sum(c.output_tokens for p in self.phases for c in p.completions if c.finished_at >= since)
 
     def _next(self, index: int) -> str | None:
         with self._lock:

@@ -465,12 +465,6 @@ def _grid(scenario: Scenario) -> tuple[NDArray[np.float64], NDArray[np.float64]]
     return (starts + ends) / 2.0, ends - starts
 
 
-def expected_total_tokens(engine: SimEngine, cfg: SimConfig) -> float:
-    """Closed form: Σ over the collect grid of expected goodput × window length (no noise)."""
-    mid, length = _grid(engine.scenario)
-    return float((engine.expected_goodput(cfg, mid) * length).sum())
-
-
 def dynamic_oracle_tokens(engine: SimEngine, configs: Sequence[SimConfig]) -> float:
     """Expected tokens of the best config in every window, switching for free (an upper bound)."""
     mid, length = _grid(engine.scenario)

@@ -237,10 +237,6 @@ class Scenario(_Section):
                 return d
         raise KeyError(name)
 
-    def guardrails(self) -> GuardrailsSection:
-        values = {"restart_downtime_s": self.engine.restart_downtime_s, **self.controller.guardrails}
-        return GuardrailsSection(**values)
-
 
 def _problem(err: Any) -> str:
     key = ".".join(str(p) for p in err["loc"]) or "(top level)"

@@ -8,7 +8,6 @@ or neither (and is then delivered again: at-least-once).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, cast
@@ -199,14 +198,6 @@ def delivery_counts(store: Store, after_id: int = 0) -> tuple[int, list[tuple[in
             .group_by(c.engine_id, c.sink, c.outcome)
         ).all()
     return max(top, after_id), [(r[0], str(r[1]), str(r[2]), int(r[3])) for r in rows]
-
-
-def engine_keys_by_id(store: Store, ids: Sequence[int]) -> dict[int, EngineKey]:
-    if not ids:
-        return {}
-    with store.read_connection() as conn:
-        rows = conn.execute(select(_engines_t).where(_engines_t.c.id.in_(list(ids)))).all()
-    return {r.id: EngineKey(r.url, r.model_name, r.engine_index) for r in rows}
 
 
 def prune_deliveries(store: Store, before: datetime) -> int:

@@ -23,7 +23,7 @@ class DatabaseUrlError(ValueError):
 
 
 def resolve_db_url(cli_value: str | None, config_path: str | os.PathLike[str] | None = None) -> str:
-    """The database URL to use, by DESIGN.md's precedence, normalised (see :func:`normalize_db_url`).
+    """The database URL to use, by the precedence in docs/architecture.md, normalised (see :func:`normalize_db_url`).
 
     ``cli_value`` is ``--db`` as given (``None`` or empty when absent). The default SQLite file sits
     beside ``config_path`` when there is one, else in the current directory; it is made absolute so

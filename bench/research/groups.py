@@ -14,9 +14,9 @@ from enum import StrEnum
 
 from scipy import special, stats
 
+from bench.research.estimators import estimate_alpha_pooled
 from policies.acceptance import AlphaEstimate
 from policies.counters import SpecCounters
-from policies.estimators import estimate_alpha_pooled
 
 DEFAULT_PROMPT_EDGES = (128, 512, 2048, 8192)
 

@@ -15,7 +15,7 @@ from enum import StrEnum
 
 import numpy as np
 
-from policies.positional import PositionData
+from bench.research.positional import PositionData
 
 
 class DispersionReason(StrEnum):
