@@ -224,15 +224,20 @@ class Controller:
                 ctx, outcome, inputs, DecisionStatus.ADVISORY, outcome.reason.value,
                 f"{outcome.message} (advisory mode: not applied)",
             )  # fmt: skip
+        return self._apply_change(ctx, outcome, inputs)
+
+    def _apply_change(self, ctx: DecisionContext, outcome: PolicyOutcome, inputs: dict[str, object]) -> TickResult:
+        """Auto mode, every rail passed: audit the change as ``applying``, then apply it."""
+        assert outcome.target is not None
         decision_id = self.store.record_decision(
             DecisionRecord(
-                created_at=now,
+                created_at=ctx.now,
                 action=CHANGE,
                 reason=outcome.reason.value,
                 message=outcome.message,
-                inputs=inputs,
+                inputs=dict(inputs),
                 mode="auto",
-                engine=keys[0],
+                engine=ctx.keys[0],
                 proposed_config=outcome.target.to_vllm(),
                 predicted_gain=outcome.predicted_gain,
                 status=DecisionStatus.APPLYING,
@@ -240,7 +245,7 @@ class Controller:
         )
         self.memory = replace(self.memory, streak=(None, 0), last_recorded=None)
         return apply_config(
-            self.store, self.actuator, self.clock, decision_id, outcome.target, now, keys, self.actuator.kind
+            self.store, self.actuator, self.clock, decision_id, outcome.target, ctx.now, ctx.keys, self.actuator.kind
         )
 
     def _override(self, keys: Sequence[EngineKey], now: datetime) -> tuple[int, SpecConfig] | None:

@@ -20,7 +20,9 @@ from policies.draft_choice import (
     CandidateScore,
     DraftCandidate,
     DraftChoiceSnapshot,
+    DraftDecision,
     DraftReason,
+    DraftTriggerConfig,
     choose_draft,
     running_speedup,
     spec_for,
@@ -263,32 +265,7 @@ def propose_swap(ctx: DecisionContext, settings: PolicySettings) -> PolicyOutcom
         )
     )
     trigger = decision.trigger
-    details: dict[str, Any] = {
-        "draft_reason": decision.reason.value,
-        "trigger": {
-            "triggered": trigger.triggered,
-            "reason": trigger.reason.value,
-            "value": trigger.value,
-            "upper": trigger.upper,
-            "drafts": trigger.drafts,
-            "covered_s": trigger.covered_s,
-            "threshold": swap.threshold,
-            "statistic": swap.statistic.value,
-        },
-        "ranking": [
-            {
-                "name": r.name,
-                "alpha": r.alpha,
-                "alpha_ci": list(r.alpha_ci),
-                "source": r.source,
-                "k": r.k,
-                "speedup": r.speedup,
-                "speedup_ci": list(r.speedup_ci),
-                "fits_memory": r.fits_memory,
-            }
-            for r in decision.ranking
-        ],
-    }
+    details = _draft_details(decision, swap)
     reason = _SWAP_REASONS.get(decision.reason)
     if reason is None:
         if not trigger.triggered:
@@ -323,6 +300,37 @@ def propose_swap(ctx: DecisionContext, settings: PolicySettings) -> PolicyOutcom
     return PolicyOutcome(
         reason, decision.message, target, gain, gain_ci, acceptance_low=trigger.message, details=details
     )
+
+
+def _draft_details(decision: DraftDecision, swap: DraftTriggerConfig) -> dict[str, Any]:
+    """What the audit row keeps of a draft decision: the trigger's reading and the ranking."""
+    trigger = decision.trigger
+    return {
+        "draft_reason": decision.reason.value,
+        "trigger": {
+            "triggered": trigger.triggered,
+            "reason": trigger.reason.value,
+            "value": trigger.value,
+            "upper": trigger.upper,
+            "drafts": trigger.drafts,
+            "covered_s": trigger.covered_s,
+            "threshold": swap.threshold,
+            "statistic": swap.statistic.value,
+        },
+        "ranking": [
+            {
+                "name": r.name,
+                "alpha": r.alpha,
+                "alpha_ci": list(r.alpha_ci),
+                "source": r.source,
+                "k": r.k,
+                "speedup": r.speedup,
+                "speedup_ci": list(r.speedup_ci),
+                "fits_memory": r.fits_memory,
+            }
+            for r in decision.ranking
+        ],
+    }
 
 
 def _swap_batch(ctx: DecisionContext, settings: PolicySettings) -> int:
