@@ -214,7 +214,7 @@ def describe_config(c: dict[str, Any] | None) -> str:
             str(c.get("method", "?")),
             c.get("draft_model"),
             c.get("num_spec_tokens"),
-            tuple(tuple(r) for r in table) if table else None,  # type: ignore[misc]
+            tuple(tuple(r) for r in table) if table else None,
         )
         return spec.describe()
     try:

@@ -97,14 +97,14 @@ class EngineSnapshot:
     now: datetime
     config: SpecConfig | None
     spec: SpecCounters | None  # summed over the windows in the export window under the current config
-    # the same windows one by one: α̂ is policies.acceptance.alpha_of_windows of these, as the controller's
-    window_specs: tuple[SpecCounters, ...] = ()
     duration_s: float  # summed window durations
     generation_tokens: float
     last_window_end: datetime | None
     up: bool = True
     predicted_speedup: float | None = None
     realized_speedup: float | None = None
+    # the windows of ``spec`` one by one: α̂ is policies.acceptance.alpha_of_windows of these, as the controller's
+    window_specs: tuple[SpecCounters, ...] = ()
 
 
 def overhead_ratio(counters: SpecCounters, k: int, cost_ratio: float) -> float | None:
