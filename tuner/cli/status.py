@@ -103,15 +103,8 @@ def gather(store: Any, now: datetime, window_s: float, events_window_s: float, u
         latest = store.latest_window(key)
         until = now + timedelta(microseconds=1)
         totals = store.window_totals(key, since, until)
-        # α̂ as the controller reads it: the config in force's windows, each at the K it drafted
-        started = current.config.started_at if current is not None else None
-        est = alpha_of_windows(
-            [
-                w.spec
-                for w in store.windows(key, since, until)
-                if w.spec is not None and (started is None or w.start >= started)
-            ]
-        )
+        # α̂ as the controller computes it (each window read at the K it drafted, pooled)
+        est = alpha_of_windows([w.spec for w in store.windows(key, since, until) if w.spec is not None])
         last = store.decisions(key=key, limit=1, newest_first=True)
         severities = Counter(e.severity for e in store.events(events_since, None, key=key))
         engines.append(
