@@ -1,4 +1,7 @@
-"""Test tiers by directory: tests/unit -> unit, tests/integration -> integration, tests/live -> live.
+"""Test tiers by directory: tests/unit -> unit, tests/integration -> integration, tests/live -> live;
+tests/research (the research code in bench/research, pure and fast) -> unit.
+
+Shared test doubles (the fake clock, decision contexts) live in ``tests/fakes.py``.
 
 Live tests share one lab engine per session (fixtures in ``tests/live/conftest.py``).
 """
@@ -9,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-_TIERS = {"unit", "integration", "live"}
+_TIERS = {"unit": "unit", "integration": "integration", "live": "live", "research": "unit"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         parts = Path(str(item.fspath)).parts
-        for tier in _TIERS:
-            if tier in parts:
+        for directory, tier in _TIERS.items():
+            if directory in parts:
                 item.add_marker(getattr(pytest.mark, tier))

@@ -23,12 +23,15 @@ from typer.testing import CliRunner
 
 from collectors.records import EngineKey, EventRecord, WindowRecord
 from policies.counters import SpecCounters
+from policies.spec_config import SpecConfig as TypedConfig
 from tuner.actuators.base import Actuator, ApplyResult, ApplyStatus, SpecConfig
 from tuner.cli.main import app
+from tuner.config import ControllerSection, Mode
 from tuner.controller import manual
+from tuner.controller.controller import Controller
 from tuner.controller.drafts import registered_drafts
-from tuner.controller.reconcile import Controller, ControllerSettings, config_record
-from tuner.store import AppliedBy, Store
+from tuner.controller.settings import ControllerSettings
+from tuner.store import AppliedBy, EngineConfigRecord, Store
 
 SPECTUNER = str(Path(sys.executable).with_name("spectuner"))
 URL = "http://127.0.0.1:8000/metrics"
@@ -98,7 +101,8 @@ def seeded(db_url: str) -> Iterator[tuple[str, Store, datetime]]:
     store = Store(db_url)
     now = datetime.now(UTC)
     start = now - timedelta(seconds=300)
-    config_id = store.record_config(KEY, config_record(K3, start - timedelta(seconds=60), AppliedBy.STARTUP))
+    record = EngineConfigRecord.of(TypedConfig.from_vllm(K3), start - timedelta(seconds=60), AppliedBy.STARTUP)
+    config_id = store.record_config(KEY, record)
     per_pos = (160, 128, 102)  # 200 drafts × 0.8, 0.8², 0.8³
     store.write_windows(
         [
@@ -125,7 +129,8 @@ def test_pause_apply_resume_status_history(seeded: tuple[str, Store, datetime], 
     # The console script in a fresh interpreter on one backend (its behaviour does not depend on the
     # backend; each start costs seconds of imports); in-process on the other.
     via = cli_json if backend == "sqlite" else run_json
-    ctl = Controller(store, RecordingActuator(K3), ControllerSettings(metrics_url=URL, mode="advisory"), utc_now)
+    settings = ControllerSettings(metrics_url=URL, controller=ControllerSection(mode=Mode.ADVISORY))
+    ctl = Controller(store, RecordingActuator(K3), settings, utc_now)
 
     # pause: who from $SPECTUNER_USER, when = the row's time; the controller holds
     before = datetime.now(UTC)

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from collectors.records import EngineKey, EventRecord
+from tests.fakes import FakeClock
 from tests.integration.receivers import Receiver
 from tuner.alerts.dispatcher import AlertDispatcher, build_dispatcher
 from tuner.alerts.settings import AlertsSection, SinkSection
@@ -32,17 +33,6 @@ from tuner.store import deliveries as D
 ENGINE = EngineKey("http://127.0.0.1:8000/metrics", "llama", "0")
 SECRET = "s3cr3t-hmac-key-do-not-log"
 T0 = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = T0
-
-    def __call__(self) -> datetime:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += timedelta(seconds=seconds)
 
 
 @pytest.fixture
@@ -63,9 +53,11 @@ def sink(name: str, kind: str = "webhook", **fields: Any) -> SinkSection:
     return SinkSection.model_validate({"name": name, "kind": kind, **defaults, **fields})
 
 
-def dispatcher(store: Store, *sinks: SinkSection, clock: Clock | None = None, start: str = "oldest") -> AlertDispatcher:
+def dispatcher(
+    store: Store, *sinks: SinkSection, clock: FakeClock | None = None, start: str = "oldest"
+) -> AlertDispatcher:
     settings = AlertsSection(sinks=list(sinks), new_sink_start=start)  # type: ignore[arg-type]
-    return build_dispatcher(store, settings, clock or Clock())
+    return build_dispatcher(store, settings, clock or FakeClock(T0))
 
 
 def test_webhook_is_signed_and_logged_without_the_secret(
@@ -188,7 +180,7 @@ def test_command_sink_gets_the_event_on_stdin_and_is_killed_on_timeout(sqlite_st
 
 
 def test_dedup_window_and_rate_limit(sqlite_store: Store) -> None:
-    clock = Clock()
+    clock = FakeClock(T0)
     with Receiver() as rx:
         d = dispatcher(sqlite_store, sink("hook", url=rx.url, dedup_window_s=300), clock=clock)
         same = event("collector_error", url="http://x/metrics", reason="timeout")

@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -27,6 +27,7 @@ from collectors.errors import ScrapeErrorReason
 from collectors.exposition import parse_metrics_page
 from collectors.records import EngineKey, EngineSample, EventRecord, RequestRecord, StepRecord, WindowRecord
 from collectors.scrape import Collector, metrics_url
+from tests.fakes import FakeClock
 from tuner.cli.main import app
 from tuner.store import Store, upgrade
 
@@ -112,17 +113,6 @@ def page_server() -> Iterator[tuple[PageServer, str]]:
     finally:
         server.shutdown()
         server.server_close()
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
-
-    def __call__(self) -> datetime:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += timedelta(seconds=seconds)
 
 
 class ListSink:

@@ -13,7 +13,7 @@ import pytest
 
 from tests.integration.exporter_fixtures import NOW, SERVER, WINDOW_S, fill
 from tests.integration.receivers import OtlpReceiver
-from tuner.controller.reconcile import TickResult
+from tuner.controller.audit import TickResult
 from tuner.exporters.service import ExportService
 from tuner.exporters.settings import ExportersSection
 from tuner.exporters.values import METRICS

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 import httpx
 import pytest
@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from collectors.records import EngineKey, EventRecord
 from policies.acceptance import estimate_alpha
+from tests.fakes import FakeClock
 from tests.integration.exporter_fixtures import NOW, SERVER, WINDOW_S, expected_counters, fill
 from tests.integration.store_factories import A, B
 from tuner.exporters.service import ExportService
@@ -21,14 +22,6 @@ from tuner.exporters.values import METRICS, overhead_ratio
 from tuner.store import DecisionRecord, Store
 
 Series = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = NOW
-
-    def __call__(self) -> datetime:
-        return self.now
 
 
 def scrape(url: str) -> tuple[Series, str]:
@@ -52,7 +45,7 @@ def service(store: Store) -> Iterator[ExportService]:
     settings = ExportersSection.model_validate(
         {"window_s": WINDOW_S, "prometheus": {"enabled": True, "host": "127.0.0.1", "port": 0}}
     )
-    svc = ExportService(store, settings, clock=Clock(), metrics_url=SERVER, cost_ratio=0.05)
+    svc = ExportService(store, settings, clock=FakeClock(NOW), metrics_url=SERVER, cost_ratio=0.05)
     svc.start()
     try:
         yield svc

@@ -38,8 +38,7 @@ from typing import Any
 import httpx
 import pytest
 
-from policies.acceptance import estimate_alpha_from_evidence
-from tuner.controller.evidence import effective_counters, pooled_alpha
+from policies.acceptance import effective_counters, estimate_alpha_from_evidence, pool_evidence
 from tuner.engine.process import group_alive
 from tuner.lab.closed_loop import LoopSettings, lab_daemon_config
 from tuner.lab.models import Manifest
@@ -217,8 +216,8 @@ def test_weak_draft_failed_candidate_crash_swap_and_table(lab_models: Manifest, 
             resets = [e for e in store.events() if e.kind == "counter_reset"]
             assert len(resets) >= 2  # the restarts, seen by the collector as counter resets
             # the ladder straddles 0.4: weak's upper bound was below it (step 2), good's α̂ is far above
-            good = pooled_alpha([c for e in store.engines() for w in store.windows(e.key, since=swapped_at)
-                                 if w.spec is not None and (c := effective_counters(w.spec)) is not None])
+            good = pool_evidence([c for e in store.engines() for w in store.windows(e.key, since=swapped_at)
+                                  if w.spec is not None and (c := effective_counters(w.spec)) is not None]).evidence
             assert good is not None and good.trials > 500
             alpha_good, ci_good = estimate_alpha_from_evidence(good)
             assert alpha_good is not None and ci_good is not None and ci_good[0] > 0.8, (alpha_good, ci_good)

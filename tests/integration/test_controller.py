@@ -1,0 +1,636 @@
+"""The controller (tuner/controller/controller.py) on a real store (SQLite and PostgreSQL) with a fake
+actuator at our seam and the shared fake clock: decide → guardrails → apply → audit → events; verify →
+rollback; pause, override, recovery."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from collectors.records import EngineKey, EventRecord, StepRecord, WindowRecord
+from policies.counters import SpecCounters
+from policies.spec_config import SpecConfig
+from policies.step_cost import StepCostModel
+from tests.fakes import FakeClock
+from tuner.actuators.base import Actuator, ApplyResult, ApplyStatus, config_fingerprint
+from tuner.actuators.base import SpecConfig as VllmConfig
+from tuner.config import ControllerSection, GuardrailsSection, Mode, PolicySection, StepCostSection
+from tuner.controller import manual
+from tuner.controller.apply import apply_config
+from tuner.controller.audit import CHANGE
+from tuner.controller.controller import SUPERSEDED, Controller
+from tuner.controller.evidence import LoadProfile
+from tuner.controller.settings import ControllerSettings, PolicySettings
+from tuner.store import AppliedBy, DecisionRecord, DecisionStatus, EngineConfigRecord, Store
+
+URL = "http://127.0.0.1:8000/metrics"
+KEY = EngineKey(URL, "fake-target", "0")
+T0 = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
+K2 = {"method": "draft_model", "model": "/drafts/good", "num_speculative_tokens": 2}
+K8 = {**K2, "num_speculative_tokens": 8}
+
+
+def config_record(spec: VllmConfig, at: datetime, by: str, decision_id: int | None = None) -> EngineConfigRecord:
+    return EngineConfigRecord.of(SpecConfig.from_vllm(spec), at, by, decision_id)
+
+
+class FakeActuator(Actuator):
+    """Our seam: records what it was asked; ``outcome`` decides what the 'engine' did."""
+
+    kind = "restart"
+
+    def __init__(self, current: VllmConfig, clock: FakeClock, outcome: ApplyStatus = ApplyStatus.APPLIED) -> None:
+        super().__init__()
+        self.current = dict(current)
+        self.clock = clock
+        self.outcome = outcome
+        self.applied: list[VllmConfig] = []
+
+    def apply(self, config: VllmConfig) -> ApplyResult:
+        unchanged = self._unchanged(config)
+        if unchanged:
+            return unchanged
+        self.applied.append(dict(config))
+        self.clock.advance(30)  # a restart takes time; the controller must stamp the config after it
+        if self.outcome is ApplyStatus.APPLIED:
+            self.current = dict(config)
+            return ApplyResult(ApplyStatus.APPLIED, "restarted", self.current, 30.0)
+        if self.outcome is ApplyStatus.ROLLED_BACK:
+            return ApplyResult(
+                ApplyStatus.ROLLED_BACK,
+                "did not come up; old config back",
+                self.current,
+                45.0,
+                detail="error: draft model path does not exist",
+            )
+        return ApplyResult(ApplyStatus.FAILED, "engine down", None)
+
+
+def iid(alpha: float, k: int, drafts: int) -> SpecCounters:
+    per_pos = tuple(int(drafts * alpha ** (i + 1)) for i in range(k))
+    return SpecCounters(drafts, drafts * k, sum(per_pos), per_pos)
+
+
+def write_windows(store: Store, start: datetime, n: int, *, k: int, rate: float, alpha: float = 0.8) -> datetime:
+    """n windows of 10 s from ``start`` at ``rate`` generated tokens/s (±1% so the noise is not zero)."""
+    recs = [
+        WindowRecord(
+            key=KEY,
+            start=start + timedelta(seconds=10 * i),
+            end=start + timedelta(seconds=10 * (i + 1)),
+            spec=iid(alpha, k, 200) if k else None,
+            generation_tokens=10 * rate * (1.0 + 0.01 * ((i % 3) - 1)),
+            requests_running=1.0,
+        )
+        for i in range(n)
+    ]
+    store.write_windows(recs)
+    return start + timedelta(seconds=10 * n)
+
+
+SETTINGS = ControllerSettings(
+    metrics_url=URL,
+    controller=ControllerSection(mode=Mode.AUTO, verify_window_s=120, regression_tolerance=0.05),
+    guardrails=GuardrailsSection(
+        min_drafts=1000,
+        min_evidence_s=60,
+        hysteresis_ticks=2,
+        cooldown_s=600,
+        max_changes_per_hour=4,
+        restart_downtime_s=60,
+        payback_horizon_s=3600,
+    ),
+    policy=PolicySettings(PolicySection(k_max=8, cost_ratio=0.05, evidence_window_s=300)),
+)
+
+
+@pytest.fixture
+def world(db_url: str) -> Iterator[tuple[Store, FakeClock, FakeActuator]]:
+    store = Store(db_url)
+    clock = FakeClock(T0)
+    store.record_config(KEY, config_record(K2, T0, AppliedBy.STARTUP))
+    clock.now = write_windows(store, T0, 30, k=2, rate=100.0)  # 300 s of K = 2 at α = 0.8
+    try:
+        yield store, clock, FakeActuator(K2, clock)
+    finally:
+        store.close()
+
+
+def controller(
+    store: Store, act: Actuator, clock: FakeClock, *, mode: Mode | None = None, **changes: Any
+) -> Controller:
+    """A controller on SETTINGS with some sections replaced (``mode``: the [controller] mode)."""
+    if mode is not None:
+        changes["controller"] = SETTINGS.controller.model_copy(update={"mode": mode})
+    settings = replace(SETTINGS, **changes)
+    return Controller(store, act, settings, clock)
+
+
+def policy_with(**fields: Any) -> PolicySettings:
+    """SETTINGS' policy with some [policy] keys changed."""
+    return replace(SETTINGS.policy, policy=SETTINGS.policy.policy.model_copy(update=fields))
+
+
+def rails_state(ctl: Controller, now: datetime) -> Any:
+    """The rails' state as the controller's own tick reads it (failed configs read once, passed in)."""
+    return ctl.state(now, [KEY], ctl.failed_configs(now))
+
+
+def test_no_engine_yet(db_url: str) -> None:
+    with Store(db_url) as store:
+        clock = FakeClock(T0)
+        result = controller(store, FakeActuator(K2, clock), clock).decide(T0)
+        assert (result.action, result.reason) == ("none", "no_engine")
+
+
+def test_auto_applies_after_the_streak_and_audits_everything(world: tuple[Store, FakeClock, FakeActuator]) -> None:
+    store, clock, act = world
+    ctl = controller(store, act, clock)
+    first = ctl.decide(clock.now)
+    assert (first.action, first.reason) == ("blocked", "not_persistent")
+    assert act.applied == []
+    decided_at = clock.advance(60)
+    second = ctl.decide(decided_at)
+    assert second.action == "applied", second.message
+    assert act.applied == [K8]
+    d = store.decision(second.decision_id or -1)
+    assert d.status == DecisionStatus.APPLIED and d.decision.action == CHANGE
+    assert (
+        d.decision.proposed_config == K8 and d.decision.predicted_gain is not None and d.decision.predicted_gain > 1.2
+    )
+    # the evidence window is the last 300 s: windows ending in (T0 + 60 s, T0 + 300 s], 25 of the 30
+    assert d.decision.inputs["drafts"] == 25 * 200 and d.decision.inputs["current_config"] == K2
+    assert "K 2 → 8" in d.decision.message
+    current = store.current_config(KEY)
+    assert current is not None and current.config.num_spec_tokens == 8
+    assert current.config.applied_by == AppliedBy.RESTART and current.config.decision_id == d.id
+    assert current.config.started_at == decided_at + timedelta(seconds=30)  # stamped when the apply finished
+    [event] = store.events(kind="config_applied")
+    assert event.data["decision_id"] == d.id and event.data["downtime_s"] == 30.0
+    # while the change is being verified the rails hold any further change
+    assert rails_state(ctl, clock.advance(60)).pending_verification
+    assert ctl.decide(clock.now).action == "hold"  # and there is no evidence under K = 8 yet anyway
+
+
+def test_advisory_records_once_and_never_acts(world: tuple[Store, FakeClock, FakeActuator]) -> None:
+    store, clock, act = world
+    ctl = controller(store, act, clock, mode=Mode.ADVISORY)
+    results = [ctl.decide(clock.advance(60)) for _ in range(4)]
+    assert [r.action for r in results] == ["blocked", "advisory", "advisory", "advisory"]
+    assert act.applied == []
+    rows = store.decisions()
+    assert [r.status for r in rows] == [DecisionStatus.BLOCKED, DecisionStatus.ADVISORY]  # not one per tick
+    assert rows[1].decision.proposed_config == K8 and "advisory mode" in rows[1].decision.message
+
+
+def test_insufficient_evidence_blocks(db_url: str) -> None:
+    with Store(db_url) as store:
+        clock = FakeClock(T0)
+        store.record_config(KEY, config_record(K2, T0, AppliedBy.STARTUP))
+        clock.now = write_windows(store, T0, 3, k=2, rate=100.0)  # 600 drafts, 30 s
+        ctl = controller(store, FakeActuator(K2, clock), clock)
+        assert ctl.decide(clock.now).reason == "insufficient_evidence"
+
+
+def test_stationary_best_config_makes_no_change(db_url: str) -> None:
+    with Store(db_url) as store:
+        clock = FakeClock(T0)
+        store.record_config(KEY, config_record(K8, T0, AppliedBy.STARTUP))
+        clock.now = write_windows(store, T0, 30, k=8, rate=200.0)
+        act = FakeActuator(K8, clock)
+        ctl = controller(store, act, clock)
+        for _ in range(5):
+            assert ctl.decide(clock.advance(60)).action == "hold"
+        assert act.applied == [] and store.decisions() == []
+
+
+def test_start_failure_is_rolled_back_recorded_and_not_retried(world: tuple[Store, FakeClock, FakeActuator]) -> None:
+    store, clock, act = world
+    act.outcome = ApplyStatus.ROLLED_BACK
+    ctl = controller(
+        store, act, clock, guardrails=GuardrailsSection(min_drafts=1000, hysteresis_ticks=1, cooldown_s=60)
+    )
+    result = ctl.decide(clock.now)
+    assert (result.action, result.reason) == ("rolled_back", "start_failed")
+    d = store.decision(result.decision_id or -1)
+    assert d.status == DecisionStatus.ROLLED_BACK
+    current = store.current_config(KEY)
+    assert current is not None and current.config.applied_by == AppliedBy.ROLLBACK
+    assert current.config.num_spec_tokens == 2
+    [event] = store.events(kind="apply_rolled_back")
+    assert event.severity == "warning" and "does not exist" in event.data["detail"]
+    # evidence under the restored config accumulates; the same config is not tried again — the
+    # policy falls back to the best K that has not failed (bounded by cooldown and changes per hour)
+    clock.now = write_windows(store, clock.now, 30, k=2, rate=100.0)
+    ctl.decide(clock.advance(1))
+    assert len(act.applied) == 2 and act.applied[1] != act.applied[0]
+    assert [a["num_speculative_tokens"] for a in act.applied].count(act.applied[0]["num_speculative_tokens"]) == 1
+
+
+def test_engine_down_is_a_critical_event(world: tuple[Store, FakeClock, FakeActuator]) -> None:
+    store, clock, act = world
+    act.outcome = ApplyStatus.FAILED
+    ctl = controller(store, act, clock, guardrails=GuardrailsSection(min_drafts=1000, hysteresis_ticks=1))
+    assert ctl.decide(clock.now).action == "failed"
+    [event] = store.events(kind="apply_failed")
+    assert event.severity == "critical"
+
+
+def apply_k8(store: Store, clock: FakeClock, act: FakeActuator) -> tuple[Controller, int]:
+    ctl = controller(store, act, clock, guardrails=GuardrailsSection(min_drafts=1000, hysteresis_ticks=1))
+    result = ctl.decide(clock.now)
+    assert result.action == "applied" and result.decision_id is not None
+    return ctl, result.decision_id
+
+
+def test_regression_is_rolled_back_after_the_evaluation_window(world: tuple[Store, FakeClock, FakeActuator]) -> None:
+    store, clock, act = world
+    ctl, decision_id = apply_k8(store, clock, act)
+    applied_at = clock.now
+    assert ctl.verify(clock.advance(60)) == []  # evaluation window (120 s) not over
+    clock.now = write_windows(store, applied_at, 12, k=8, rate=70.0)  # 30% worse than before
+    [result] = ctl.verify(clock.now)
+    assert (result.action, result.reason) == ("rolled_back", "regressed")
+    assert act.applied == [K8, K2]
+    d = store.decision(decision_id)
+    assert d.status == DecisionStatus.ROLLED_BACK and d.realized_gain == pytest.approx(0.7, abs=0.01)
+    current = store.current_config(KEY)
+    assert current is not None and current.config.num_spec_tokens == 2
+    assert current.config.applied_by == AppliedBy.ROLLBACK
+    assert [e.kind for e in store.events(kind="regression_rolled_back")] == ["regression_rolled_back"]
+
+
+def test_improvement_is_verified_with_the_realized_gain(world: tuple[Store, FakeClock, FakeActuator]) -> None:
+    store, clock, act = world
+    ctl, decision_id = apply_k8(store, clock, act)
+    clock.now = write_windows(store, clock.now, 12, k=8, rate=140.0)
+    [result] = ctl.verify(clock.now)
+    assert (result.action, result.reason) == ("verified", "improved")
+    d = store.decision(decision_id)
+    assert d.status == DecisionStatus.VERIFIED and d.realized_gain == pytest.approx(1.4, abs=0.01)
+    assert act.applied == [K8]
+    # verified: no longer pending; the change still counts for the cooldown and the hourly limit
+    state = rails_state(ctl, clock.now)
+    assert not state.pending_verification and len(state.change_times) == 1
+    assert ctl.decide(clock.now).reason == "keep"  # K = 8 is the best for α = 0.8, c = 0.05
+
+
+def test_pause_resume_and_manual_override(world: tuple[Store, FakeClock, FakeActuator]) -> None:
+    store, clock, act = world
+    ctl = controller(
+        store, act, clock, mode=Mode.ADVISORY, guardrails=GuardrailsSection(min_drafts=1000, hysteresis_ticks=1)
+    )
+    manual.pause(store, clock.now, by="alice")
+    assert ctl.decide(clock.now).reason == "paused"
+    manual.request_override(store, clock.now, {"method": "ngram", "num_speculative_tokens": 3}, engine=KEY)
+    assert ctl.decide(clock.advance(1)).reason == "override_waiting"
+    manual.resume(store, clock.advance(1), by="alice")
+    assert manual.active_pauses(store) == []
+    result = ctl.decide(clock.advance(1))  # advisory mode, but an operator's override is applied
+    assert result.action == "applied"
+    assert act.applied == [{"method": "ngram", "num_speculative_tokens": 3}]
+    current = store.current_config(KEY)
+    assert current is not None and current.config.applied_by == AppliedBy.MANUAL and current.config.method == "ngram"
+    assert manual.pending_overrides(store) == []
+
+
+def test_only_the_newest_pending_override_is_applied_the_older_superseded(db_url: str) -> None:
+    """Overrides queued before any engine was seen are applied at most once, the newest; the older ones
+    are closed as superseded (never applied after it). Another server's override is left alone."""
+    with Store(db_url) as store:
+        clock = FakeClock(T0 - timedelta(seconds=60))
+        act = FakeActuator(K2, clock)
+        ctl = controller(store, act, clock, mode=Mode.ADVISORY)
+        ngram3 = {"method": "ngram", "num_speculative_tokens": 3}
+        ngram5 = {"method": "ngram", "num_speculative_tokens": 5}
+        older = manual.request_override(store, clock.now, ngram3)
+        newest = manual.request_override(store, clock.advance(10), ngram5, engine=KEY)
+        other_server = EngineKey("http://10.0.0.9:8000/metrics", "fake-target", "0")
+        elsewhere = manual.request_override(store, clock.advance(10), ngram3, engine=other_server)
+        waiting = ctl.decide(clock.advance(10))  # no engine scraped, no config known: every override waits
+        assert waiting.action == "none" and waiting.reason in ("no_engine", "no_config") and act.applied == []
+        assert [o.id for o in manual.pending_overrides(store)] == [older, newest, elsewhere]
+        store.record_config(KEY, config_record(K2, T0, AppliedBy.STARTUP))
+        clock.now = write_windows(store, T0, 3, k=2, rate=100.0)
+        result = ctl.decide(clock.now)
+        assert result.action == "applied", result.message
+        assert act.applied == [ngram5]
+        superseded = store.decision(older)
+        assert superseded.status == SUPERSEDED == "superseded"
+        assert f"superseded by override {newest}" in (superseded.status_message or "")
+        assert store.decision(newest).status == DecisionStatus.APPLIED
+        current = store.current_config(KEY)
+        assert current is not None and current.config.applied_by == AppliedBy.MANUAL
+        assert current.config.spec == SpecConfig.from_vllm(ngram5)
+        assert [o.id for o in manual.pending_overrides(store)] == [elsewhere]  # not this server's
+        for _ in range(3):  # the older override is never applied after the newest
+            ctl.decide(clock.advance(60))
+        assert act.applied == [ngram5]
+        assert store.decision(older).status == SUPERSEDED
+
+
+def test_restart_safe_state_and_recovery(world: tuple[Store, FakeClock, FakeActuator]) -> None:
+    store, clock, act = world
+    _, decision_id = apply_k8(store, clock, act)
+    clock.now = write_windows(store, clock.now, 12, k=8, rate=140.0)
+    # a new controller (a restarted daemon) sees the pending verification and the change time
+    fresh = controller(store, FakeActuator(K8, clock), clock)
+    state = rails_state(fresh, clock.now)
+    assert state.pending_verification and len(state.change_times) == 1
+    assert fresh.config_to_start(SpecConfig.from_vllm(K2)) == (SpecConfig.from_vllm(K8), "database")
+    # an apply interrupted by kill -9 is closed on start
+    stuck = store.record_decision(
+        DecisionRecord(
+            created_at=clock.now,
+            action=CHANGE,
+            reason="change_k",
+            message="m",
+            inputs={},
+            mode="auto",
+            engine=KEY,
+            proposed_config=K2,
+            status=DecisionStatus.APPLYING,
+        )
+    )
+    assert rails_state(fresh, clock.now).pending_verification
+    assert fresh.recover(clock.now) == [stuck]
+    assert store.decision(stuck).status == DecisionStatus.FAILED
+    assert [e.kind for e in store.events(kind="apply_interrupted")] == ["apply_interrupted"]
+    assert store.decision(decision_id).status == DecisionStatus.APPLIED  # untouched
+
+
+def test_sync_records_the_running_config_once(db_url: str) -> None:
+    with Store(db_url) as store:
+        clock = FakeClock(T0)
+        write_windows(store, T0, 1, k=2, rate=100.0)  # the collector has seen the engine, no config yet
+        act = FakeActuator(K2, clock)
+        ctl = controller(store, act, clock)
+        ctl.sync_configs(T0, AppliedBy.STARTUP)
+        ctl.sync_configs(T0 + timedelta(seconds=10), AppliedBy.OBSERVED)
+        [cfg] = store.configs(KEY)
+        assert cfg.config.applied_by == AppliedBy.STARTUP
+        assert config_fingerprint(cfg.config.spec_config) == config_fingerprint(K2)
+
+
+def test_switching_cost_uses_the_measured_restart_downtime(world: tuple[Store, FakeClock, FakeActuator]) -> None:
+    store, clock, act = world
+    rails = GuardrailsSection(min_drafts=1000, hysteresis_ticks=1, restart_downtime_s=1.0, payback_horizon_s=3600)
+    ctl = controller(store, act, clock, guardrails=rails)
+    # no restart yet: the configured 1 s applies
+    assert ctl.switching_cost_s(SpecConfig.from_vllm(K8), clock.now) is None
+    # an earlier restart of this engine took 50 minutes (a huge model loading from slow storage)
+    store.write_events(
+        [
+            EventRecord(
+                ts=clock.now - timedelta(hours=1),
+                kind="config_applied",
+                message="m",
+                engine=KEY,
+                data={"downtime_s": 3000.0},
+            )
+        ]
+    )
+    assert ctl.switching_cost_s(SpecConfig.from_vllm(K8), clock.now) == 3000.0
+    result = ctl.decide(clock.now)  # K 2 → 8 gains ~1.39×: 3000 s take ~7700 s to repay
+    assert (result.action, result.reason) == ("blocked", "switching_cost")
+    assert "3000 s" in result.message and act.applied == []
+
+
+class ProgressActuator(FakeActuator):
+    """Reports the restart actuator's milestone, then 'dies' (raises) as a SIGKILL would stop it."""
+
+    def apply(self, config: VllmConfig) -> ApplyResult:
+        self.progress("start_failed: the draft did not load; restoring the last good config")
+        raise KeyboardInterrupt  # the daemon is killed while restoring
+
+
+def test_kill_during_the_restore_of_a_failed_start_is_recovered_as_a_rollback(
+    world: tuple[Store, FakeClock, FakeActuator],
+) -> None:
+    store, clock, _ = world
+    rails = SETTINGS.guardrails.model_copy(update={"min_drafts": 0})
+    dying = controller(store, ProgressActuator(K2, clock), clock, guardrails=rails)
+    decision_id = store.record_decision(
+        DecisionRecord(
+            created_at=clock.now, action=CHANGE, reason="swap_draft", message="m", inputs={}, mode="auto",
+            engine=KEY, proposed_config=K8, status=DecisionStatus.APPLYING,
+        )
+    )
+    with pytest.raises(KeyboardInterrupt):
+        apply_config(store, dying.actuator, clock, decision_id, SpecConfig.from_vllm(K8), clock.now, [KEY], "restart")
+    assert (store.decision(decision_id).status_message or "").startswith("start_failed")
+    fresh = controller(store, FakeActuator(K2, clock), clock)
+    assert fresh.recover(clock.now) == [decision_id]
+    d = store.decision(decision_id)
+    assert d.status == DecisionStatus.ROLLED_BACK and "restarted the last recorded config" in (d.status_message or "")
+    assert [e.kind for e in store.events(kind="apply_rolled_back")] == ["apply_rolled_back"]
+    # the config that failed to start is not proposed again
+    assert fresh.failed_configs(clock.now) == [SpecConfig.from_vllm(K8)]
+    assert config_fingerprint(K8) in rails_state(fresh, clock.now).failed_targets
+
+
+def test_a_weak_draft_is_swapped_with_a_draft_swapped_event(db_url: str) -> None:
+    from policies.draft_choice import DraftCandidate, DraftTriggerConfig
+
+    store = Store(db_url)
+    try:
+        clock = FakeClock(T0)
+        weak = {"method": "draft_model", "model": "/models/weak", "num_speculative_tokens": 3}
+        store.record_config(KEY, config_record(weak, T0, AppliedBy.STARTUP))
+        clock.now = write_windows(store, T0, 30, k=3, rate=60.0, alpha=0.25)
+        act = FakeActuator(weak, clock)
+        good = DraftCandidate("good", "draft_model", "/models/good", prior_alpha=0.9, cost_ratio=0.05)
+        policy = replace(SETTINGS.policy, swap=DraftTriggerConfig(duration_s=200, min_drafts=500, segments=2))
+        ctl = Controller(store, act, replace(SETTINGS, policy=policy), clock, candidates=lambda: [good])
+        first = ctl.decide(clock.now)
+        assert first.action == "blocked" and first.reason == "not_persistent"  # hysteresis: one tick is not enough
+        assert [e.kind for e in store.events(kind="acceptance_low")] == ["acceptance_low"]
+        result = ctl.decide(clock.now + timedelta(seconds=10))
+        assert result.action == "applied", result.message
+        assert act.applied[-1]["model"] == "/models/good"
+        d = store.decision(result.decision_id or 0)
+        assert d.decision.reason == "swap_draft" and (d.decision.predicted_gain or 0) > 1.5
+        assert d.decision.inputs["policy"]["trigger"]["upper"] < 0.4
+        assert [e.kind for e in store.events(kind="draft_swapped")] == ["draft_swapped"]
+        assert len(store.events(kind="acceptance_low")) == 1  # once per config period, not every tick
+    finally:
+        store.close()
+
+
+def pinned_section(model: StepCostModel) -> StepCostSection:
+    """[policy.step_cost] holding this model."""
+    return StepCostSection(
+        fixed_s=model.fixed_s,
+        per_token_s=model.per_token_s,
+        draft_fixed_s=model.draft_fixed_s,
+        draft_per_seq_s=model.draft_per_seq_s,
+    )
+
+
+def write_steps(store: Store, start: datetime, *, k: int, step_s: Any, config_id: int) -> None:
+    """Per-step records as the in-engine plugin ships them: 40 decode steps at each of B = 1, 2, 4, 8."""
+    recs = [
+        StepRecord(
+            ts=start + timedelta(milliseconds=50 * i + 1000 * j),
+            key=KEY,
+            batch_size=b,
+            step_time_s=step_s(b) * (1.0 + 0.02 * ((i % 3) - 1)),
+            spec=iid(0.8, k, b) if k else SpecCounters(),
+            num_scheduled_tokens=b * (k + 1),
+            config_id=config_id,
+        )
+        for j, b in enumerate((1, 2, 4, 8))
+        for i in range(40)
+    ]
+    # a prefill step (more tokens scheduled than B·(K+1)) is far slower and must not count
+    recs.append(replace(recs[0], step_time_s=5.0, num_scheduled_tokens=4000))
+    store.write_steps(recs)
+
+
+def test_the_step_cost_fitted_from_plugin_steps_drives_the_decision(
+    world: tuple[Store, FakeClock, FakeActuator],
+) -> None:
+    store, clock, act = world
+    current = store.current_config(KEY)
+    assert current is not None
+    # Compute-bound target: scoring K + 1 tokens costs K + 1 times one; Leviathan's model (the config's
+    # c = 0.05, verifying is free) would raise K to 8, the measured steps say speculation does not pay.
+    truth = StepCostModel.from_cost_ratio(0.05, target_step_s=0.001, per_token_s=0.01)
+    write_steps(store, T0, k=2, step_s=lambda b: truth.step_time_s(b, 2), config_id=current.id)
+    ctl = controller(store, act, clock)
+    ctl.decide(clock.advance(60))
+    ctl.decide(clock.advance(60))
+    rows = store.decisions()
+    assert rows, "the controller recorded no decision"
+    inputs = rows[-1].decision.inputs
+    assert inputs["step_cost"]["source"] == "fitted" and "fitted from 160 steps" in inputs["step_cost"]["message"]
+    fitted = StepCostModel.from_dict(inputs["step_cost"]["model"])
+    assert fitted.per_token_s == pytest.approx(0.01, rel=0.05)
+    assert rows[-1].decision.proposed_config == {"method": "off", "num_speculative_tokens": 0}
+    assert K8 not in act.applied
+
+
+def test_a_pinned_step_cost_is_not_refitted(world: tuple[Store, FakeClock, FakeActuator]) -> None:
+    store, clock, act = world
+    current = store.current_config(KEY)
+    assert current is not None
+    truth = StepCostModel.from_cost_ratio(0.05, target_step_s=0.001, per_token_s=0.01)
+    write_steps(store, T0, k=2, step_s=lambda b: truth.step_time_s(b, 2), config_id=current.id)
+    pinned = policy_with(step_cost=pinned_section(StepCostModel.from_cost_ratio(0.05)))
+    ctl = controller(store, act, clock, policy=pinned)
+    assert ctl.decide(clock.advance(60)).action == "blocked"
+    assert ctl.decide(clock.advance(60)).action == "applied"
+    assert act.applied == [K8]
+    step_cost = store.decisions()[-1].decision.inputs["step_cost"]
+    assert step_cost["source"] == "pinned" and "pinned by [policy.step_cost]" in step_cost["message"]
+    expected = StepCostModel.from_cost_ratio(0.05)
+    assert StepCostModel.from_dict(step_cost["model"]).parameters.tolist() == expected.parameters.tolist()
+    assert pinned.pinned_step_cost == StepCostModel.from_cost_ratio(0.05)
+
+
+def test_cells_this_engine_measured_overrule_a_pinned_model(world: tuple[Store, FakeClock, FakeActuator]) -> None:
+    """The pinned model (verifying is free) says K = 8; this engine's own steps at K = 0, 2 and 8 say every
+    drafted token costs a full target pass: the controller believes its steps and turns speculation off."""
+    store, clock, act = world
+    current = store.current_config(KEY)
+    assert current is not None
+    # a draft_model engine: its K = 0 steps run the draft's catch-up pass
+    truth = replace(StepCostModel.from_cost_ratio(0.05, target_step_s=0.001, per_token_s=0.01), draft_pass_at_k0=True)
+    for i, k in enumerate((0, 2, 8)):
+        write_steps(store, T0 + timedelta(seconds=10 * i), k=k, step_s=lambda b, k=k: truth.step_time_s(b, k),
+                    config_id=current.id)
+    # write_steps gives each (B, K) 40 steps
+    pinned = policy_with(step_cost=pinned_section(StepCostModel.from_cost_ratio(0.05)), step_cost_cell_min_steps=40)
+    ctl = controller(store, act, clock, policy=pinned)
+    ctl.decide(clock.advance(60))
+    ctl.decide(clock.advance(60))
+    decision = store.decisions()[-1].decision
+    step_cost = decision.inputs["step_cost"]
+    assert step_cost["source"] == "pinned + measured cells", step_cost
+    cells = step_cost["model"]["measured_cells"]
+    assert sorted({c["k"] for c in cells}) == [0, 2, 8] and len(cells) == 12  # B = 1, 2, 4, 8 × K = 0, 2, 8
+    assert "measured on this engine (12 cells;" in step_cost["message"]
+    assert step_cost["model"]["draft_pass_at_k0"] is True  # the running draft_model engine drafts at K = 0
+    assert decision.proposed_config == {"method": "off", "num_speculative_tokens": 0}
+    assert K8 not in act.applied
+
+
+def test_load_profile_is_topped_up_without_double_counting(db_url: str) -> None:
+    with Store(db_url) as store:
+        store.record_config(KEY, config_record(K2, T0, AppliedBy.STARTUP))
+        end = write_windows(store, T0, 30, k=2, rate=100.0)  # 300 s at 1 running
+        profile = LoadProfile()
+        first = profile.update(store, [KEY], end, horizon_s=3600)
+        assert len(first) == 30 and sum(d for d, _ in first) == pytest.approx(300.0)
+        later = write_windows(store, end, 6, k=2, rate=100.0)
+        second = profile.update(store, [KEY], later, horizon_s=3600)  # re-reads a minute of overlap
+        assert len(second) == 36
+        third = profile.update(store, [KEY], later + timedelta(seconds=3600 - 100), horizon_s=3600)
+        assert len(third) == 11  # windows ending before the horizon are dropped (ends T0+260 s … T0+360 s stay)
+
+
+def test_a_running_periods_history_is_read_incrementally_and_adds_up(db_url: str) -> None:
+    """A draft in force for days must not make every tick re-read its windows: the cached history reads
+    only what ended since the last tick (less the settle margin), and always equals a full re-read."""
+    from policies.draft_choice import DraftCandidate
+    from tuner.controller.candidates import same_draft
+    from tuner.controller.evidence import HistoryCache, measured_history
+
+    class CountingStore(Store):
+        def __init__(self, url: str) -> None:
+            super().__init__(url)
+            self.windows_read = 0
+
+        def windows(self, *args: Any, **kwargs: Any) -> list[WindowRecord]:
+            out = super().windows(*args, **kwargs)
+            self.windows_read += len(out)
+            return out
+
+    good = DraftCandidate("good", "draft_model", "/drafts/good")
+    with CountingStore(db_url) as store:
+        store.record_config(KEY, config_record(K2, T0, AppliedBy.STARTUP))
+        now = write_windows(store, T0, 360, k=2, rate=100.0)  # an hour under the running config
+        cache = HistoryCache()
+
+        def read(cache: HistoryCache | None) -> tuple[float, int]:
+            before = store.windows_read
+            at = now + timedelta(seconds=1)  # a tick just after the last window
+            ev = measured_history(store, [KEY], at, 7 * 86400.0, [good], same_draft, cache)["good"]
+            return ev.trials, store.windows_read - before
+
+        full, n_full = read(None)
+        assert n_full == 360
+        assert read(cache) == (full, 360)  # the first read is a full one
+        for _ in range(3):  # ticks: 3 new windows each
+            now = write_windows(store, now, 3, k=2, rate=100.0, alpha=0.6)
+            cached, n_read = read(cache)
+            assert cached == read(None)[0]
+            assert n_read <= 3 + HistoryCache.SETTLE_S / 10 + 1  # the new windows and the unsettled tail
+        # the period ends: one full read, kept for good
+        store.record_config(KEY, config_record(K8, now, AppliedBy.RESTART))
+        ended, n_read = read(cache)
+        assert n_read == 369 and ended == read(None)[0]
+        assert read(cache)[1] <= 1  # the ended period from the cache; the new one's tail (K = 8, same draft)
+
+
+@pytest.mark.parametrize("true_gain,verdict", [(1.0, ("verified", "no_worse")), (0.7, ("rolled_back", "regressed"))])
+def test_harder_prompts_after_a_k_change_are_not_taken_for_its_regression(
+    world: tuple[Store, FakeClock, FakeActuator], true_gain: float, verdict: tuple[str, str]
+) -> None:
+    """K 2 → 8, then the prompts turn hard (α 0.8 → 0.6): the tokens per step fall to E(8, 0.6)/E(8, 0.8)
+    = 0.57 under any config. Judged on raw rates every such change would be rolled back; corrected for
+    the first position's acceptance, a neutral change is kept and a real 30% loss still rolled back."""
+    store, clock, act = world
+    ctl, decision_id = apply_k8(store, clock, act)
+    workload = (1 - 0.6**9) / (1 - 0.6) / ((1 - 0.8**9) / (1 - 0.8))
+    clock.now = write_windows(store, clock.now, 12, k=8, rate=100.0 * workload * true_gain, alpha=0.6)
+    [result] = ctl.verify(clock.now)
+    assert (result.action, result.reason) == verdict
+    d = store.decision(decision_id)
+    assert d.realized_gain == pytest.approx(true_gain, abs=0.02)
+    assert "first draft token's acceptance moved 0.800 → 0.600" in (d.status_message or "")
+

@@ -1,0 +1,65 @@
+"""The decision context and the audit's inputs (tuner/controller/context.py), pure: the store-reading
+builder is tested on real stores in tests/integration (test_controller, test_alpha_surfaces)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from policies.acceptance import alpha_of_windows
+from policies.counters import SpecCounters
+from policies.draft_choice import DraftCandidate
+from policies.spec_config import SpecConfig
+from policies.step_cost import StepCostModel
+from tests.fakes import iid_counters, make_context
+from tuner.controller.context import DecisionInputs
+
+SPEC = {"method": "draft_model", "model": "/drafts/good", "num_speculative_tokens": 4}
+
+
+def test_inputs_round_trip_through_json() -> None:
+    ctx = make_context(SPEC, [iid_counters(0.8, 4, 200) for _ in range(3)], batch=2.0)
+    inputs = ctx.to_inputs({"alpha": 0.8, "k_reason": "best"})
+    data = inputs.to_json()
+    assert data["current_config"] == SPEC and data["drafts"] == 600 and data["windows"] == 3
+    assert data["window_rates"] == [100.0] * 3 and data["window_batches"] == [2.0] * 3
+    assert data["policy"] == {"alpha": 0.8, "k_reason": "best"} and data["step_cost"] is None
+    assert DecisionInputs.from_json(data) == inputs
+    with_cost = replace(ctx, step_cost=StepCostModel.from_cost_ratio(0.05))
+    step_cost = with_cost.to_inputs().to_json()["step_cost"]
+    assert step_cost["source"] == "fitted" and StepCostModel.from_dict(step_cost["model"]).draft_fixed_s == 0.05
+
+
+def test_inputs_of_an_old_or_hand_edited_row_read_with_the_unusable_fields_empty() -> None:
+    read = DecisionInputs.from_json(
+        {
+            "current_config": {"method": 3},
+            "drafts": "many",
+            "accepted_per_pos": ["n/a"],
+            "window_rates": [1.0, "x"],
+            "window_batches": [1, None, "y"],
+            "duration_s": True,
+            "policy": [],
+        }
+    )
+    assert read.current_config is None and read.drafts is None and read.accepted_per_pos == ()
+    assert read.window_rates == () and read.window_batches == (1.0, None, None)
+    assert read.duration_s is None and read.policy == {}
+    assert DecisionInputs.from_json({}) == DecisionInputs()
+
+
+def test_the_fake_context_is_built_as_build_context_builds_it() -> None:
+    # windows of a table at K_max = 4 drafting 4 and 2: α̂ is alpha_of_windows of the windows, not of the sum
+    at4 = SpecCounters(1000, 4000, 800 + 640 + 512 + 410, (800, 640, 512, 410), num_spec_tokens=4)
+    at2 = SpecCounters(1000, 2000, 800 + 640, (800, 640, 0, 0), num_spec_tokens=4)
+    good = DraftCandidate("good", "draft_model", "/drafts/good")
+    other = DraftCandidate("other", "draft_model", "/drafts/other")
+    failed = [SpecConfig("draft_model", "/drafts/other", 2)]
+    ctx = make_context(SPEC, [at4, at2], candidates=(other,), failed=failed)
+    assert ctx.alpha == alpha_of_windows([at4, at2]) and ctx.spec == SpecCounters() + at4 + at2  # as summarize()
+    assert ctx.running is not None and ctx.running.name == "current:good"  # not configured: named by its path
+    assert [c.name for c in ctx.candidates] == ["other", "current:good"]
+    assert ctx.failed_candidates == frozenset({"other"}) and ctx.failed == tuple(failed)
+    assert len(ctx.trigger_windows) == 2
+    configured = make_context(SPEC, [at4], candidates=(good, other))
+    assert configured.running == good and configured.candidates == (good, other)
+    assert make_context(SPEC, [at4]).candidates == ()  # no candidates: swapping off, none listed

@@ -1,0 +1,165 @@
+"""Each guardrail alone, with a fake clock (Ray Serve style), then the fixed order of the chain."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime, time, timedelta
+
+import pytest
+
+from tests.fakes import FakeClock
+from tuner.config import GuardrailsSection, MaintenanceWindow
+from tuner.controller.guardrails import (
+    RAILS,
+    BlockReason,
+    ControllerState,
+    Proposal,
+    check_cooldown,
+    check_evidence,
+    check_gain,
+    check_guardrails,
+    check_known_bad,
+    check_maintenance,
+    check_paused,
+    check_pending,
+    check_rate,
+    check_streak,
+    check_switching_cost,
+    in_window,
+    next_streak,
+    payback_s,
+)
+
+T0 = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)  # a Wednesday
+SETTINGS = GuardrailsSection(
+    min_drafts=200,
+    min_evidence_s=60,
+    min_gain=0.03,
+    hysteresis_ticks=2,
+    cooldown_s=600,
+    max_changes_per_hour=2,
+    restart_downtime_s=60,
+    payback_horizon_s=3600,
+)
+# A state and proposal every rail lets through; each test overrides one thing.
+STATE = ControllerState(streak_target="k=5", streak_count=1)
+GOOD = Proposal(target="k=5", predicted_gain=1.3, predicted_gain_ci=(1.2, 1.4), drafts=5000, evidence_s=300)
+
+
+def test_base_case_passes_every_rail() -> None:
+    for rail in RAILS:
+        assert rail(SETTINGS, STATE, GOOD, T0) is None, rail.__name__
+    assert check_guardrails(SETTINGS, STATE, GOOD, T0) is None
+
+
+def test_paused() -> None:
+    block = check_paused(SETTINGS, replace(STATE, paused=True), GOOD, T0)
+    assert block is not None and block.reason is BlockReason.PAUSED and "spectuner resume" in block.message
+
+
+def test_pending_verification() -> None:
+    block = check_pending(SETTINGS, replace(STATE, pending_verification=True), GOOD, T0)
+    assert block is not None and block.reason is BlockReason.PENDING_VERIFICATION
+
+
+def test_known_bad() -> None:
+    block = check_known_bad(SETTINGS, replace(STATE, failed_targets=frozenset({"k=5"})), GOOD, T0)
+    assert block is not None and block.reason is BlockReason.KNOWN_BAD
+    assert check_known_bad(SETTINGS, replace(STATE, failed_targets=frozenset({"k=6"})), GOOD, T0) is None
+
+
+@pytest.mark.parametrize(("drafts", "evidence_s", "blocked"), [(199, 300, True), (200, 59, True), (200, 60, False)])
+def test_minimum_evidence(drafts: int, evidence_s: float, blocked: bool) -> None:
+    block = check_evidence(SETTINGS, STATE, replace(GOOD, drafts=drafts, evidence_s=evidence_s), T0)
+    assert (block is not None) is blocked
+    if block:
+        assert block.reason is BlockReason.INSUFFICIENT_EVIDENCE and "200 drafts" in block.message
+
+
+def test_gain_uses_the_lower_end_of_the_interval() -> None:
+    # A big point estimate with an interval reaching below 1.03 is not enough.
+    block = check_gain(SETTINGS, STATE, replace(GOOD, predicted_gain=1.5, predicted_gain_ci=(1.02, 2.0)), T0)
+    assert block is not None and block.reason is BlockReason.GAIN_TOO_SMALL
+    assert check_gain(SETTINGS, STATE, replace(GOOD, predicted_gain_ci=(1.031, 1.5)), T0) is None
+
+
+def test_streak_counts_consecutive_identical_proposals_and_resets_on_a_flip() -> None:
+    state = ControllerState()
+    assert check_streak(SETTINGS, state, GOOD, T0) is not None  # first time: 1 of 2
+    target, count = next_streak(state, GOOD.target)
+    state = replace(state, streak_target=target, streak_count=count)
+    assert check_streak(SETTINGS, state, GOOD, T0) is None  # second in a row
+    flipped = replace(GOOD, target="k=2")
+    block = check_streak(SETTINGS, state, flipped, T0)
+    assert block is not None and block.reason is BlockReason.NOT_PERSISTENT
+    assert next_streak(state, "k=2") == ("k=2", 1)
+    assert next_streak(state, None) == (None, 0)
+
+
+def test_cooldown_with_a_fake_clock() -> None:
+    clock = FakeClock(T0)
+    state = replace(STATE, change_times=(T0,))
+    assert check_cooldown(SETTINGS, state, GOOD, clock.advance(1)) is not None
+    block = check_cooldown(SETTINGS, state, GOOD, clock.advance(598))  # 599 s after
+    assert block is not None and block.reason is BlockReason.COOLDOWN and "1 s left" in block.message
+    assert check_cooldown(SETTINGS, state, GOOD, clock.advance(1)) is None  # 600 s after
+
+
+def test_max_changes_per_hour_slides_with_the_clock() -> None:
+    clock = FakeClock(T0)
+    state = replace(STATE, change_times=(T0, T0 + timedelta(minutes=30)))
+    block = check_rate(SETTINGS, state, GOOD, clock.advance(45 * 60))
+    assert block is not None and block.reason is BlockReason.TOO_MANY_CHANGES
+    assert check_rate(SETTINGS, state, GOOD, clock.advance(15 * 60)) is None  # T0 left the hour
+
+
+def test_switching_cost_payback() -> None:
+    assert payback_s(1.5, 60) == pytest.approx(120)
+    assert payback_s(1.0, 60) == float("inf")
+    assert payback_s(0.9, 0) == 0.0
+    # 60 s downtime at 1.01× takes 6000 s to repay: more than the 3600 s horizon.
+    block = check_switching_cost(SETTINGS, STATE, replace(GOOD, predicted_gain=1.01), T0)
+    assert block is not None and block.reason is BlockReason.SWITCHING_COST and "6000 s" in block.message
+    assert check_switching_cost(SETTINGS, STATE, replace(GOOD, predicted_gain=1.02), T0) is None  # 3000 s
+    # a change without a restart costs nothing
+    assert check_switching_cost(SETTINGS, STATE, replace(GOOD, predicted_gain=1.001, needs_restart=False), T0) is None
+
+
+def test_maintenance_windows() -> None:
+    nightly = MaintenanceWindow(start=time(2, 0), end=time(4, 0), days=[0, 1, 2, 3, 4])  # weekdays 02:00-04:00
+    settings = SETTINGS.model_copy(update={"maintenance_windows": [nightly]})
+    wed_3am = datetime(2026, 12, 2, 3, 0, tzinfo=UTC)
+    assert check_maintenance(settings, STATE, GOOD, wed_3am) is None
+    assert check_maintenance(settings, STATE, GOOD, wed_3am.replace(hour=4)) is not None  # end is exclusive
+    block = check_maintenance(settings, STATE, GOOD, T0)
+    assert (
+        block is not None and block.reason is BlockReason.OUTSIDE_MAINTENANCE_WINDOW and "02:00–04:00" in block.message
+    )
+    saturday_3am = datetime(2026, 12, 5, 3, 0, tzinfo=UTC)
+    assert check_maintenance(settings, STATE, GOOD, saturday_3am) is not None
+    assert check_maintenance(settings, STATE, replace(GOOD, needs_restart=False), T0) is None
+    assert check_maintenance(SETTINGS, STATE, GOOD, T0) is None  # no windows configured: any time
+
+
+def test_window_wrapping_midnight_belongs_to_its_start_day() -> None:
+    friday_night = MaintenanceWindow(start=time(23, 0), end=time(1, 0), days=[4])  # Fri 23:00 → Sat 01:00
+    assert in_window(friday_night, datetime(2026, 12, 4, 23, 30, tzinfo=UTC))  # Friday
+    assert in_window(friday_night, datetime(2026, 12, 5, 0, 30, tzinfo=UTC))  # Saturday morning
+    assert not in_window(friday_night, datetime(2026, 12, 5, 23, 30, tzinfo=UTC))  # Saturday night
+    assert not in_window(friday_night, datetime(2026, 12, 4, 0, 30, tzinfo=UTC))  # Friday morning
+
+
+def test_chain_order_first_block_wins() -> None:
+    state = replace(STATE, paused=True, change_times=(T0,))
+    weak = replace(GOOD, drafts=0)
+    block = check_guardrails(SETTINGS, state, weak, T0)
+    assert block is not None and block.reason is BlockReason.PAUSED
+    block = check_guardrails(SETTINGS, replace(state, paused=False), weak, T0)
+    assert block is not None and block.reason is BlockReason.INSUFFICIENT_EVIDENCE
+    block = check_guardrails(SETTINGS, replace(state, paused=False), GOOD, T0 + timedelta(seconds=10))
+    assert block is not None and block.reason is BlockReason.COOLDOWN
+
+
+def test_naive_now_is_refused() -> None:
+    with pytest.raises(ValueError, match="aware"):
+        check_guardrails(SETTINGS, STATE, GOOD, datetime(2026, 1, 1))

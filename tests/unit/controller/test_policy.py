@@ -1,0 +1,227 @@
+"""spectuner's full policy (tuner/controller/policy.py ``propose``): draft swap, then K or the table.
+
+Contexts are built from i.i.d. acceptance counts with a known α (tests.fakes.make_context, as
+build_context does), so every expected outcome follows from the closed forms in DESIGN.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from policies.acceptance import AcceptanceEvidence
+from policies.counters import SpecCounters
+from policies.draft_choice import DraftCandidate, DraftTriggerConfig
+from policies.spec_config import SpecConfig
+from policies.step_cost import StepCostModel
+from tests.fakes import iid_counters, make_context
+from tuner.config import PolicySection, StepCostSection
+from tuner.controller.context import DecisionContext
+from tuner.controller.policy import PolicyReason, propose, propose_k
+from tuner.controller.settings import PolicySettings
+
+WEAK = DraftCandidate("weak", "draft_model", "/models/weak", params=1000, prior_alpha=0.3, cost_ratio=0.1)
+GOOD = DraftCandidate("good", "draft_model", "/models/good", params=1000, prior_alpha=0.9, cost_ratio=0.1)
+MEDIUM = DraftCandidate("medium", "draft_model", "/models/medium", params=1000, prior_alpha=0.7, cost_ratio=0.1)
+
+
+def pinned(model: StepCostModel) -> StepCostSection:
+    """``[policy.step_cost]`` holding this model (what an operator pins)."""
+    return StepCostSection(
+        fixed_s=model.fixed_s,
+        per_token_s=model.per_token_s,
+        draft_fixed_s=model.draft_fixed_s,
+        draft_per_seq_s=model.draft_per_seq_s,
+    )
+
+
+def evidence(
+    spec: SpecConfig | dict[str, object],
+    alpha: float,
+    *,
+    k: int = 3,
+    windows: int = 30,
+    window_s: float = 20.0,
+    drafts_per_window: int = 200,
+    candidates: tuple[DraftCandidate, ...] = (WEAK, GOOD, MEDIUM),
+    batch: float = 1.0,
+    failed: tuple[SpecConfig | dict[str, object], ...] = (),
+    history: dict[str, AcceptanceEvidence] | None = None,
+) -> DecisionContext:
+    wins = [iid_counters(alpha, k, drafts_per_window) for _ in range(windows)]
+    return make_context(
+        spec,
+        wins,
+        window_s=window_s,
+        batch=batch,
+        candidates=candidates,
+        history=history,
+        failed=failed,
+        cost_ratio=0.1,
+    )
+
+
+SWAP = DraftTriggerConfig(threshold=0.4, duration_s=300.0, min_drafts=500, segments=3)
+SETTINGS = PolicySettings(PolicySection(k_max=6, cost_ratio=0.1), swap=SWAP)
+WEAK_SPEC = {"method": "draft_model", "model": "/models/weak", "num_speculative_tokens": 3}
+
+
+def test_weak_draft_is_swapped_for_the_best_candidate() -> None:
+    out = propose(evidence(WEAK_SPEC, 0.25), SETTINGS)
+    assert out.reason is PolicyReason.SWAP_DRAFT
+    assert out.target is not None and out.target.model == "/models/good"
+    assert out.predicted_gain is not None and out.predicted_gain > 1.5
+    assert out.predicted_gain_ci is not None and out.predicted_gain_ci[0] > 1.0
+    assert out.details is not None and "acceptance_low" in out.details
+    assert out.acceptance_low is not None and out.acceptance_low == out.details["acceptance_low"]
+    assert out.details["trigger"]["upper"] < 0.4
+
+
+def test_a_candidate_that_failed_to_start_is_not_proposed_again() -> None:
+    failed = ({"method": "draft_model", "model": "/models/good", "num_speculative_tokens": 5},)
+    ctx = evidence(WEAK_SPEC, 0.25, failed=failed)
+    assert ctx.failed_candidates == frozenset({"good"})
+    out = propose(ctx, SETTINGS)
+    assert out.reason is PolicyReason.SWAP_DRAFT
+    assert out.target is not None and out.target.model == "/models/medium"
+
+
+def test_acceptance_above_threshold_keeps_the_draft_and_tunes_k() -> None:
+    spec = {"method": "draft_model", "model": "/models/medium", "num_speculative_tokens": 1}
+    out = propose(evidence(spec, 0.75, k=1), SETTINGS)
+    assert out.reason is PolicyReason.CHANGE_K  # no swap: K tuning alone
+    assert out.target is not None and out.target.model == "/models/medium"
+    assert out.target.k is not None and out.target.k > 1
+
+
+def test_too_little_evidence_never_swaps() -> None:
+    # 30 s of data against a 300 s duration: "stays below" is not established
+    out = propose(evidence(WEAK_SPEC, 0.25, windows=3, window_s=10.0), SETTINGS)
+    assert out.reason is not PolicyReason.SWAP_DRAFT
+    assert not (out.details or {}).get("acceptance_low")
+    assert out.acceptance_low is None
+
+
+def test_low_acceptance_with_no_better_candidate_keeps_and_says_so() -> None:
+    poor = DraftCandidate("poor", "draft_model", "/models/poor", params=1000, prior_alpha=0.05, cost_ratio=0.1)
+    out = propose(evidence(WEAK_SPEC, 0.3, candidates=(WEAK, poor)), SETTINGS)
+    assert out.reason is not PolicyReason.SWAP_DRAFT
+    assert (out.details or {}).get("acceptance_low")
+    assert out.acceptance_low
+
+
+def test_measured_history_outweighs_an_optimistic_prior() -> None:
+    # "good" claims 0.9 but measured 0.2 on this target over 20 000 tokens: medium wins.
+    history = {"good": AcceptanceEvidence(successes=4000.0, failures=16000.0, drafts=16000.0)}
+    out = propose(evidence(WEAK_SPEC, 0.25, history=history), SETTINGS)
+    assert out.target is not None and out.target.model == "/models/medium"
+
+
+def test_per_batch_size_table_follows_the_load() -> None:
+    # The target's cost grows with the tokens it scores: speculation pays at batch 1, not at 16.
+    cost = StepCostModel(fixed_s=2e-3, per_token_s=1e-3, draft_fixed_s=2e-4, draft_per_seq_s=1e-4)
+    settings = PolicySettings(
+        PolicySection(k_max=5, step_cost=pinned(cost), per_batch_size=True, max_batch_size=16), swap=None
+    )
+    assert settings.pinned_step_cost == cost
+    spec = {"method": "draft_model", "model": "/models/good", "num_speculative_tokens": 5}
+    out = propose(evidence(spec, 0.8, k=5, batch=16.0, candidates=(GOOD,)), settings)
+    assert out.reason is PolicyReason.CHANGE_K_TABLE
+    assert out.target is not None
+    rows = out.target.to_vllm()["num_speculative_tokens_per_batch_size"]
+    assert rows[0][0] == 1 and rows[-1][1] == 16
+    assert rows[0][2] > rows[-1][2]  # more speculation at low load than at high load
+    assert out.target.to_vllm()["num_speculative_tokens"] == 5  # the engine keeps K_max; the table picks per step
+    assert out.predicted_gain is not None and out.predicted_gain > 1.0
+    # Applying that table and measuring the same: the table is kept (no flapping).
+    same = propose(evidence(out.target, 0.8, k=5, batch=16.0, candidates=(GOOD,)), settings)
+    assert same.reason is PolicyReason.KEEP and same.target is None
+
+
+def test_k_is_left_alone_while_low_acceptance_is_being_confirmed() -> None:
+    # 60 s of a clearly bad draft against a 300 s trigger: no swap yet, and no K change either (a K = 0
+    # table would stop the very drafts the swap decision needs).
+    settings = PolicySettings(PolicySection(k_max=6, cost_ratio=0.1, per_batch_size=True), swap=SWAP)
+    out = propose(evidence(WEAK_SPEC, 0.2, windows=3, window_s=20.0), settings)
+    assert out.reason is PolicyReason.KEEP and out.target is None
+    assert (out.details or {}).get("swap_pending")
+    assert out.swap_pending
+    # without any other candidate there is nothing to wait for: K is tuned
+    alone = propose(evidence(WEAK_SPEC, 0.2, windows=3, window_s=20.0, candidates=(WEAK,)), settings)
+    assert alone.target is not None
+    assert not alone.swap_pending
+
+
+def test_under_a_table_a_busy_spell_does_not_switch_speculation_off() -> None:
+    # mostly 1 stream with bursts of 16: at a high mean batch no draft pays with one K; with a
+    # table the candidates are ranked where the table speculates (the low end of the load). The table
+    # drafts less at 16 streams but not 0: a table's K = 0 still pays the draft model's catch-up pass.
+    cost = pinned(StepCostModel(fixed_s=2e-3, per_token_s=1e-3, draft_fixed_s=2e-4, draft_per_seq_s=1e-4))
+    ev = evidence(WEAK_SPEC, 0.25, batch=1.0)
+    profile = tuple((20.0, 16.0 if i % 3 == 0 else 1.0) for i in range(30))
+    ev = replace(ev, batch_profile=profile, mean_batch_size=16.0)
+    table = propose(ev, PolicySettings(PolicySection(k_max=4, step_cost=cost, per_batch_size=True), swap=SWAP))
+    assert table.reason is PolicyReason.SWAP_DRAFT and table.target is not None
+    rows = table.target.to_vllm()["num_speculative_tokens_per_batch_size"]
+    assert rows[0][2] >= 1 and rows[-1][2] < rows[0][2]
+    single = propose(ev, PolicySettings(PolicySection(k_max=4, step_cost=cost, per_batch_size=False), swap=SWAP))
+    assert single.reason is PolicyReason.DISABLE_SPECULATION
+    assert single.target is not None and single.target.describe() == "speculation off"
+
+
+def test_a_k_that_failed_is_replaced_by_the_next_best_k() -> None:
+    spec = {"method": "draft_model", "model": "/models/medium", "num_speculative_tokens": 1}
+    best = propose(evidence(spec, 0.75, k=1), SETTINGS)
+    assert best.target is not None
+    failed = (best.target,)
+    second = propose(evidence(spec, 0.75, k=1, failed=failed), SETTINGS)
+    assert second.target is not None and second.target != best.target
+    assert second.target.k not in (1, best.target.k)
+    assert "failed lately" in second.message
+
+
+def test_a_burst_in_the_load_horizon_does_not_make_k_chase_it() -> None:
+    """One K for the load of the last hour: evidence taken during a burst (mean batch 160) proposes the
+    K that serves the whole hour, not the burst's own best K; the message says over which load."""
+    cost = pinned(StepCostModel.from_cost_ratio(0.08, target_step_s=0.025, per_token_s=0.0001))
+    settings = PolicySettings(PolicySection(k_max=8, cost_ratio=0.08, step_cost=cost))
+    spec = {"method": "draft_model", "model": "/models/good", "num_speculative_tokens": 3}
+    burst = evidence(spec, 0.75, k=3, batch=160.0, candidates=())
+    profile = tuple([(10.0, 8.0)] * 330 + [(10.0, 160.0)] * 30)
+    during_burst_alone = propose(burst, settings)
+    over_the_hour = propose(replace(burst, load_profile=profile), settings)
+    assert during_burst_alone.reason is PolicyReason.CHANGE_K  # at B = 160 alone a smaller K wins
+    assert during_burst_alone.target is not None and during_burst_alone.target.k is not None
+    assert during_burst_alone.target.k < 3
+    assert over_the_hour.reason is PolicyReason.KEEP, over_the_hour.message
+    assert "Over the load of the last 3600 s (batch 8–160" in over_the_hour.message
+
+
+# -- propose_k alone (was in test_controller_verify.py) ------------------------------------------------
+
+
+def k_evidence(spec: SpecCounters, k: int, method: str = "draft_model") -> DecisionContext:
+    """One config's measured evidence: 300 s of 100 tokens/s at batch 1 (no candidates: no swap)."""
+    config = {"method": method, "model": "/d", "num_speculative_tokens": k}
+    return make_context(config, [spec], window_s=300.0)
+
+
+def iid(alpha: float, k: int, drafts: int) -> SpecCounters:
+    return iid_counters(alpha, k, drafts, rounding="floor")
+
+
+def test_propose_k_moves_to_leviathans_best_k() -> None:
+    # α = 0.8, c = 0.05 ⇒ K = 8 at batch 1 (DESIGN.md); from K = 2 the gain is well above 1.
+    out = propose_k(k_evidence(iid(0.8, 2, 20000), 2), PolicySettings(PolicySection(k_max=8, cost_ratio=0.05)))
+    assert out.reason is PolicyReason.CHANGE_K and out.target is not None
+    assert out.target.k == 8 and out.target.model == "/d"
+    assert out.target == SpecConfig("draft_model", "/d", 8)
+    assert out.predicted_gain is not None and out.predicted_gain_ci is not None
+    assert 1.0 < out.predicted_gain_ci[0] <= out.predicted_gain <= out.predicted_gain_ci[1]
+
+
+def test_propose_k_keeps_the_best_and_skips_without_data() -> None:
+    keep = propose_k(k_evidence(iid(0.8, 8, 20000), 8), PolicySettings(PolicySection(k_max=8, cost_ratio=0.05)))
+    assert keep.reason is PolicyReason.KEEP and keep.target is None
+    assert propose_k(k_evidence(SpecCounters(), 3), PolicySettings()).reason is PolicyReason.NO_DRAFTS
+    off = propose_k(k_evidence(SpecCounters(), 0, method="off"), PolicySettings())
+    assert off.reason is PolicyReason.NO_SPECULATION

@@ -1,0 +1,163 @@
+"""Draft choice: the "stays below 0.4" trigger, candidate ranking, memory fit, fallbacks."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+import numpy as np
+import pytest
+
+from bench.research.simulate import simulate_counters
+from policies.acceptance import AcceptanceEvidence
+from policies.draft_choice import (
+    DraftCandidate,
+    DraftChoiceSnapshot,
+    DraftReason,
+    DraftTriggerConfig,
+    SpecWindow,
+    TriggerReason,
+    TriggerStatistic,
+    check_trigger,
+    choose_draft,
+)
+from policies.memory import MemoryBudget
+from policies.step_cost import StepCostModel
+
+NOW = datetime(2026, 1, 1, 12, tzinfo=UTC)
+CONFIG = DraftTriggerConfig(threshold=0.4, duration_s=600, min_drafts=2000, segments=3)
+
+SMALL = DraftCandidate("small", "draft_model", "/models/small", params=50_000_000, kv_bytes_per_token=4096,
+                       prior_alpha=0.7, cost_ratio=0.05)  # fmt: skip
+TINY = DraftCandidate("tiny", "draft_model", "/models/tiny", params=10_000_000, kv_bytes_per_token=1024,
+                      prior_alpha=0.5, cost_ratio=0.02)  # fmt: skip
+BIG = DraftCandidate("big", "draft_model", "/models/big", params=3_000_000_000, kv_bytes_per_token=65536,
+                     prior_alpha=0.9, cost_ratio=0.08)  # fmt: skip
+NGRAM = DraftCandidate("ngram", "ngram", prior_alpha=0.45, speculative_config={"prompt_lookup_max": 5})
+CURRENT = DraftCandidate("current", "draft_model", "/models/current", params=50_000_000,
+                         kv_bytes_per_token=4096, prior_alpha=0.6, cost_ratio=0.05)  # fmt: skip
+
+
+def windows(alphas: list[float], k: int = 3, drafts: int = 400, step_s: int = 60, seed: int = 0) -> list[SpecWindow]:
+    """One 60 s window per α, the last ending at NOW."""
+    rng = np.random.default_rng(seed)
+    n = len(alphas)
+    return [
+        SpecWindow(
+            NOW - timedelta(seconds=step_s * (n - i)),
+            NOW - timedelta(seconds=step_s * (n - i - 1)),
+            simulate_counters(rng, a, k, drafts),
+        )
+        for i, a in enumerate(alphas)
+    ]
+
+
+def snapshot(ws: list[SpecWindow], **kw: object) -> DraftChoiceSnapshot:
+    base = DraftChoiceSnapshot(
+        now=NOW, current="current", current_k=3, windows=ws, candidates=(CURRENT, SMALL, TINY, BIG, NGRAM),
+        history={}, batch_size=1, k_max=8, step_cost=StepCostModel.from_cost_ratio(0.05, 0.02), config=CONFIG,
+    )  # fmt: skip
+    return replace(base, **kw)  # type: ignore[arg-type]
+
+
+def test_trigger_needs_low_acceptance_that_stays() -> None:
+    check = check_trigger(windows([0.25] * 10), NOW, CONFIG)
+    assert check.triggered and check.reason is TriggerReason.TRIGGERED
+    assert check.upper is not None and check.upper < 0.4 and check.drafts >= 2000
+    assert "stayed below 0.4" in check.message
+
+
+def test_one_bad_window_does_not_trigger() -> None:
+    check = check_trigger(windows([0.7] * 9 + [0.0]), NOW, CONFIG)
+    assert not check.triggered and check.reason is TriggerReason.ABOVE_THRESHOLD
+
+
+def test_recovery_inside_the_duration_cancels() -> None:
+    # pooled over ten minutes it is low, but the last slice recovered
+    check = check_trigger(windows([0.1] * 7 + [0.6] * 3), NOW, CONFIG)
+    assert not check.triggered and check.reason is TriggerReason.RECOVERED
+    assert "slice 3 of 3" in check.message
+
+
+def test_upper_end_not_point_estimate_decides() -> None:
+    # α ≈ 0.38: the point is below 0.4 but the interval is not, with few drafts
+    few = DraftTriggerConfig(threshold=0.4, duration_s=600, min_drafts=100, segments=1)
+    check = check_trigger(windows([0.38] * 10, drafts=15), NOW, few)
+    assert not check.triggered and check.reason is TriggerReason.ABOVE_THRESHOLD
+    assert check.value is not None and check.value < 0.45
+
+
+def test_too_few_drafts_and_not_covered() -> None:
+    assert check_trigger(windows([0.2] * 10, drafts=100), NOW, CONFIG).reason is TriggerReason.TOO_FEW_DRAFTS
+    assert check_trigger(windows([0.2] * 5), NOW, CONFIG).reason is TriggerReason.NOT_COVERED
+
+
+def test_raw_draft_acceptance_rate_option() -> None:
+    # α = 0.5 at K = 6: draft acceptance rate ≈ 0.16, below 0.4; α itself is not
+    ws = windows([0.5] * 10, k=6)
+    assert not check_trigger(ws, NOW, CONFIG).triggered
+    raw = replace(CONFIG, statistic=TriggerStatistic.DRAFT_ACCEPTANCE_RATE)
+    check = check_trigger(ws, NOW, raw)
+    assert check.triggered and "draft acceptance rate" in check.message
+
+
+def test_keep_when_not_triggered() -> None:
+    decision = choose_draft(snapshot(windows([0.7] * 10)))
+    assert decision.reason is DraftReason.KEEP_NOT_TRIGGERED and decision.candidate is None
+    assert decision.current is not None and decision.predicted_speedup > 1
+
+
+def test_switch_to_the_best_candidate_by_prior() -> None:
+    decision = choose_draft(snapshot(windows([0.2] * 10)))
+    assert decision.reason is DraftReason.SWITCH_DRAFT
+    assert decision.candidate is BIG  # best prior α; no memory limit given
+    lo, hi = decision.predicted_speedup_ci
+    assert lo < decision.predicted_speedup < hi
+    assert decision.ranking[0].name == "big"
+    assert "Switching to big" in decision.message
+
+
+def test_measured_history_overrides_the_prior() -> None:
+    history = {"big": AcceptanceEvidence(300.0, 2700.0, 2700.0)}  # measured α ≈ 0.1 on this target
+    decision = choose_draft(snapshot(windows([0.2] * 10), history=history))
+    assert decision.candidate is SMALL
+    big = next(s for s in decision.ranking if s.name == "big")
+    assert big.source == "measured+prior" and big.alpha < 0.2
+
+
+def test_memory_fit_excludes_candidates() -> None:
+    memory = MemoryBudget(budget_bytes=2 * 2**30, target_kv_bytes_per_token=131072, tokens_per_seq=1024)
+    decision = choose_draft(snapshot(windows([0.2] * 10), memory=memory))
+    assert decision.candidate is SMALL  # big needs 6 GB of weights
+    big = next(s for s in decision.ranking if s.name == "big")
+    assert not big.fits_memory
+
+
+def test_fallback_to_ngram_then_off() -> None:
+    bad = {n: AcceptanceEvidence(100.0, 1900.0, 1900.0) for n in ("small", "tiny", "big")}
+    decision = choose_draft(snapshot(windows([0.2] * 10), history=bad))
+    assert decision.reason is DraftReason.FALLBACK_NGRAM and decision.candidate is NGRAM
+    costly = replace(CURRENT, cost_ratio=0.3)  # at α ≈ 0.2 the current draft no longer pays either
+    others = (costly, SMALL, TINY, BIG, NGRAM)
+    verify_cost = StepCostModel.from_cost_ratio(0.05, 0.02, per_token_s=0.002)  # extra tokens cost 10% each
+    worse = {n: AcceptanceEvidence(10.0, 20000.0, 20000.0) for n in ("small", "tiny", "big", "ngram")}
+    off = choose_draft(snapshot(windows([0.2] * 10), history=worse, candidates=others, step_cost=verify_cost))
+    assert off.reason is DraftReason.DISABLE_SPECULATION and off.k == 0 and off.candidate is None
+
+
+def test_keep_when_no_candidate_is_better() -> None:
+    cheap = replace(CURRENT, cost_ratio=0.0)
+    decision = choose_draft(snapshot(windows([0.35] * 10, drafts=2000), candidates=(cheap, TINY), history={
+        "tiny": AcceptanceEvidence(100.0, 1900.0, 1900.0)}))  # fmt: skip
+    assert decision.reason is DraftReason.KEEP_NO_BETTER_CANDIDATE
+
+
+def test_candidate_validation() -> None:
+    with pytest.raises(ValueError, match="needs a model path"):
+        DraftCandidate("x", "draft_model")
+    with pytest.raises(ValueError, match="alpha must lie in"):
+        DraftCandidate("x", "ngram", prior_alpha=1.5)
+    with pytest.raises(ValueError, match="threshold"):
+        DraftTriggerConfig(threshold=0)
+    assert NGRAM.footprint().weights_bytes == 0 and NGRAM.cost_ratio_for(None) == 0.0
+    assert DraftCandidate("y", "eagle", "/p", params=100).cost_ratio_for(1000) == 0.1

@@ -1,0 +1,304 @@
+"""The step-cost model T(B, K) (policies/step_cost.py): the fit, measured cells laid over a model, and the
+draft pass of a K = 0 step.
+
+A K = 0 step of an engine that loaded a draft model still runs one draft pass (vLLM keeps the draft's
+KV cache in sync), so a per-batch-size table's K = 0 is not "speculation off". Measured cells: this
+engine's mean step times where measured, the model elsewhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime
+
+import numpy as np
+import pytest
+
+from policies.acceptance_model import ConstantAlphaModel
+from policies.choose_k import KChoiceSnapshot, choose_k, goodput_over_load
+from policies.k_table import KTableSnapshot, k_table
+from policies.step_cost import (
+    MeasuredStepCost,
+    StepCostModel,
+    StepCostReason,
+    batch_cell,
+    design_matrix,
+    fit_step_cost,
+    step_times_table,
+    with_measured_cells,
+)
+
+# The lab's T(B, K) as bench_live pins it (fitted from LAB.md's table on a faster machine), in seconds;
+# LOADED is the same engine with its draft model loaded.
+LAB = StepCostModel(fixed_s=0.00208, per_token_s=0.0000953, draft_fixed_s=0.001566, draft_per_seq_s=0.000217)
+LOADED = replace(LAB, draft_pass_at_k0=True)
+NOW = datetime(2026, 12, 3, tzinfo=UTC)
+
+
+def synthetic(rng: np.random.Generator, truth: StepCostModel, n: int, noise: float = 0.03):
+    b = rng.integers(1, 65, n)
+    k = rng.integers(0, 8, n)
+    y = np.array([truth.step_time_s(int(bb), int(kk)) for bb, kk in zip(b, k, strict=True)])
+    return b, k, y * (1 + noise * rng.standard_normal(n))
+
+
+def test_fit_recovers_parameters_and_cost_ratio() -> None:
+    truth = StepCostModel(0.012, 0.0004, 0.0015, 0.00005)
+    b, k, y = synthetic(np.random.default_rng(0), truth, 400)
+    fit = fit_step_cost(b, k, y)
+    assert fit.reason is StepCostReason.OK and fit.model is not None
+    for name in ("fixed_s", "per_token_s", "draft_fixed_s"):
+        assert getattr(fit.model, name) == pytest.approx(getattr(truth, name), rel=0.15)
+    assert fit.cost_ratio is not None and fit.cost_ratio_ci is not None
+    assert fit.cost_ratio_ci[0] <= truth.cost_ratio(1) <= fit.cost_ratio_ci[1]
+    lo, hi = fit.model.step_time_interval_s(16, 4)
+    assert lo <= truth.step_time_s(16, 4) <= hi
+
+
+def test_fit_interval_covers_truth_most_of_the_time() -> None:
+    truth = StepCostModel(0.01, 0.0003, 0.002, 0.0001)
+    rng = np.random.default_rng(1)
+    hits = 0
+    for _ in range(100):
+        fit = fit_step_cost(*synthetic(rng, truth, 120, noise=0.05))
+        assert fit.model is not None
+        lo, hi = fit.model.step_time_interval_s(32, 3)
+        hits += lo <= truth.step_time_s(32, 3) <= hi
+    assert hits >= 88
+
+
+def test_weights_count_as_repeated_observations() -> None:
+    truth = StepCostModel(0.01, 0.0003, 0.002, 0.0001)
+    b = np.array([1, 8, 32, 1, 8, 32])
+    k = np.array([0, 0, 0, 4, 4, 4])
+    y = np.array([truth.step_time_s(int(x), int(z)) for x, z in zip(b, k, strict=True)])
+    fit = fit_step_cost(b, k, y, weight=[100] * 6)
+    assert fit.model is not None and fit.model.step_time_s(16, 2) == pytest.approx(truth.step_time_s(16, 2), rel=1e-6)
+
+
+def test_one_k_cannot_separate_draft_from_target() -> None:
+    fit = fit_step_cost([1, 2, 4, 8], [3, 3, 3, 3], [0.01, 0.011, 0.013, 0.017])
+    assert fit.model is None and fit.reason is StepCostReason.K_NOT_VARIED
+    assert "calibration sweep" in fit.message
+
+
+def test_one_k_with_a_known_cost_ratio_fits_the_target() -> None:
+    truth = StepCostModel.from_cost_ratio(0.08, target_step_s=0.02, per_token_s=0.0005)
+    b = np.array([1, 2, 4, 8, 16, 16])
+    y = np.array([truth.step_time_s(int(x), 3) for x in b])
+    fit = fit_step_cost(b, [3] * 6, y, draft_cost_ratio=0.08)
+    assert fit.reason is StepCostReason.FIXED_COST_RATIO and fit.model is not None
+    assert "c = 0.080" in fit.message and "other K" in fit.message
+    for name in ("fixed_s", "per_token_s", "draft_fixed_s", "draft_per_seq_s"):
+        assert getattr(fit.model, name) == pytest.approx(getattr(truth, name), rel=1e-6)
+    # the K it never saw is predicted from the ratio, including the per-token growth with B
+    assert fit.model.step_time_s(16, 0) == pytest.approx(truth.step_time_s(16, 0), rel=1e-6)
+
+
+def test_a_wrong_cost_ratio_still_fits_the_observed_k_exactly() -> None:
+    truth = StepCostModel(0.02, 0.0005, 0.004, 0.0)
+    b = np.array([1, 4, 16])
+    y = np.array([truth.step_time_s(int(x), 2) for x in b])
+    fit = fit_step_cost(b, [2, 2, 2], y, draft_cost_ratio=0.5)
+    assert fit.model is not None
+    for x in (1, 4, 16):
+        assert fit.model.step_time_s(x, 2) == pytest.approx(truth.step_time_s(x, 2), rel=0.05)
+
+
+def test_one_batch_size_gives_a_flat_model_and_says_so() -> None:
+    fit = fit_step_cost([4] * 6, [0, 1, 2, 3, 4, 5], [0.010, 0.012, 0.014, 0.016, 0.018, 0.020])
+    assert fit.reason is StepCostReason.BATCH_NOT_VARIED and fit.model is not None
+    assert fit.model.step_time_s(4, 3) == pytest.approx(0.016, rel=1e-6)
+    assert fit.cost_ratio == pytest.approx(0.2, rel=1e-6)
+    assert "batch size 4" in fit.message
+
+
+@pytest.mark.parametrize(
+    ("b", "k", "y", "fragment"),
+    [
+        ([1, 2], [0, 1], [0.01], "equal lengths"),
+        ([1, 2, 3], [0, 1, 1], [0.01, -0.02, 0.01], "step_time_s[1]"),
+        ([0, 2, 3], [0, 1, 1], [0.01, 0.02, 0.01], "batch_size[0]"),
+        ([1, 2, 3], [0, 1.5, 1], [0.01, 0.02, 0.01], "k[1]"),
+        ([1, 2], [0, 1], [0.01, 0.02], "at least 3"),
+    ],
+)
+def test_bad_observations_are_named(b: list[float], k: list[float], y: list[float], fragment: str) -> None:
+    fit = fit_step_cost(b, k, y)
+    assert fit.model is None and fragment in fit.message
+
+
+def test_model_round_trips_and_validates() -> None:
+    model = StepCostModel.from_cost_ratio(0.05, target_step_s=0.02, per_token_s=0.001)
+    assert model.cost_ratio(1) == pytest.approx(0.05) and model.cost_ratio(64) == pytest.approx(0.05)
+    assert StepCostModel.from_dict(model.to_dict()) == model
+    with pytest.raises(ValueError, match="missing 'per_token_s'"):
+        StepCostModel.from_dict({"fixed_s": 1.0})
+    with pytest.raises(ValueError, match="finite number ≥ 0"):
+        StepCostModel(-1.0, 0.0, 0.0, 0.0)
+    with pytest.raises(ValueError, match=r"cost ratio c .* must be a finite number ≥ 0"):
+        StepCostModel.from_cost_ratio(-0.1)
+    table = step_times_table(model, [1, 8], 3)
+    assert table.shape == (2, 4) and table[1, 3] == pytest.approx(model.step_time_s(8, 3))
+
+
+# -- measured cells ---------------------------------------------------------------------------------
+
+
+def test_batch_bands_are_25_percent_wide() -> None:
+    assert [batch_cell(b) for b in (0.5, 1, 1.2, 2, 4, 14, 16)] == [0, 0, 0, 3, 6, 11, 12]
+    assert batch_cell(1.25) == 1  # the band's lower edge belongs to it
+
+
+def test_a_cell_reproduces_its_measured_mean_and_the_rest_takes_the_engines_level() -> None:
+    # 60 steps at B = 4 without drafts, 18 ms (the lab CPU engine's quirk); 100 at B = 1 with K = 3, 25 ms
+    model = with_measured_cells(LAB, [4, 4, 1], [0, 0, 3], [0.018, 0.018, 0.025], [30, 30, 100], min_steps=50)
+    assert isinstance(model, MeasuredStepCost)
+    assert model.step_time_s(4, 0) == pytest.approx(0.018)
+    assert model.step_time_s(1, 3) == pytest.approx(0.025)
+    assert model.is_measured(4, 0) and model.is_measured(1, 3)
+    assert not model.is_measured(4, 3) and not model.is_measured(16, 0)
+    # unmeasured cells: the model × Σ measured / Σ predicted over the measured cells of their kind
+    assert model.scale == pytest.approx(0.025 / LAB.step_time_s(1, 3))
+    assert model.scale_no_draft == pytest.approx(0.018 / LAB.step_time_s(4, 0))
+    assert model.step_time_s(16, 2) == pytest.approx(LAB.step_time_s(16, 2) * model.scale)
+    assert model.step_time_s(16, 0) == pytest.approx(LAB.step_time_s(16, 0) * model.scale_no_draft)
+    # a kind without cells takes the level over all cells
+    only_k0 = with_measured_cells(LAB, [4, 1], [0, 0], [0.018, 0.009], [60, 60], min_steps=50)
+    assert isinstance(only_k0, MeasuredStepCost)
+    overall = (60 * 0.018 + 60 * 0.009) / (60 * LAB.step_time_s(4, 0) + 60 * LAB.step_time_s(1, 0))
+    assert only_k0.scale == pytest.approx(overall) == only_k0.scale_no_draft
+    assert model.step_time_interval_s(4, 0) == (model.step_time_s(4, 0), model.step_time_s(4, 0))
+    table = step_times_table(model, [1, 4], 3)
+    assert table[1, 0] == pytest.approx(0.018) and table[0, 3] == pytest.approx(0.025)
+    cells = model.to_dict()["measured_cells"]
+    assert [(c["k"], c["steps"], round(c["mean_batch_size"], 3)) for c in cells] == [(3, 100, 1.0), (0, 60, 4.0)]
+    assert type(model.linear()) is StepCostModel and model.linear().parameters.tolist() == LAB.parameters.tolist()
+
+
+def test_a_cell_with_too_few_steps_leaves_the_model_alone() -> None:
+    assert with_measured_cells(LAB, [4], [0], [0.018], [49], min_steps=50) is LAB
+    assert with_measured_cells(LAB, [], [], [], [], min_steps=50) is LAB
+
+
+def test_within_a_band_the_models_slope_is_kept() -> None:
+    model = with_measured_cells(LAB, [13, 14], [0, 0], [0.030, 0.034], [50, 50], min_steps=50)
+    assert model.is_measured(12, 0) and not model.is_measured(16, 0)
+    ratio = model.step_time_s(14, 0) / model.step_time_s(13, 0)
+    assert ratio == pytest.approx(LAB.step_time_s(14, 0) / LAB.step_time_s(13, 0))
+
+
+def test_bad_rows_are_refused_or_skipped() -> None:
+    with pytest.raises(ValueError, match="differ in length"):
+        with_measured_cells(LAB, [1, 2], [0], [0.01], [60], min_steps=50)
+    with pytest.raises(ValueError, match="min_steps"):
+        with_measured_cells(LAB, [1], [0], [0.01], [60], min_steps=0)
+    # NaN, zero time, zero steps: skipped, not counted
+    out = with_measured_cells(LAB, [1, 1, 1], [0, 0, 0], [float("nan"), 0.0, 0.01], [60, 60, 0], min_steps=50)
+    assert out is LAB
+
+
+def test_a_measured_slow_step_without_drafts_makes_drafting_win_where_the_model_said_it_loses() -> None:
+    """The lab run of 3 Dec: at 4 streams no speculation gave 218 tok/s, medium/K=3 409; the pinned model said
+    K = 0. With the two cells measured (18 ms without drafts, 38 ms at K = 3) drafting wins. At 16 streams
+    nothing is measured: the model at each kind's measured level decides — a step without drafts is 7.3×
+    the model here, one with drafts 3.5×, so drafting wins there too, where the bare model said K = 0."""
+    alpha = ConstantAlphaModel(0.95, 0.94, 0.96)
+
+    def best(model: StepCostModel, b: int) -> int:
+        return choose_k(KChoiceSnapshot(now=NOW, acceptance=alpha, step_cost=model, batch_size=b, k_max=3)).k
+
+    assert best(LAB, 4) == 0
+    measured = with_measured_cells(LAB, [4, 4], [0, 3], [0.018, 0.038], [200, 200], min_steps=50)
+    assert best(measured, 4) > 0  # K = 3 measured, K = 1 at the drafting level: both beat K = 0
+    assert isinstance(measured, MeasuredStepCost)
+    assert (round(measured.scale_no_draft, 1), round(measured.scale, 1)) == (7.3, 3.5)
+    assert best(LAB, 16) == 0 and best(measured, 16) > 0
+
+
+# -- the draft pass of a K = 0 step -------------------------------------------------------------------
+
+
+def test_a_loaded_k0_step_costs_one_draft_pass_and_plain_decoding_none() -> None:
+    draft_pass = LAB.draft_fixed_s + LAB.draft_per_seq_s * 4
+    assert LOADED.step_time_s(4, 0) == pytest.approx(LAB.step_time_s(4, 0) + draft_pass)
+    assert LOADED.plain_step_time_s(4) == pytest.approx(LAB.step_time_s(4, 0)) == LAB.plain_step_time_s(4)
+    assert LOADED.step_time_s(4, 3) == LAB.step_time_s(4, 3)  # K ≥ 1: K passes either way
+    assert [LOADED.draft_passes(k) for k in (0, 1, 3)] == [1, 1, 3] and LAB.draft_passes(0) == 0
+    rows = design_matrix(np.array([4.0, 4.0]), np.array([0.0, 0.0]), [True, False])
+    assert rows.tolist() == [[1.0, 4.0, 1.0, 4.0], [1.0, 4.0, 0.0, 0.0]]
+    assert LAB.with_draft_pass_at_k0(True) == LOADED and LOADED.with_draft_pass_at_k0(True) is LOADED
+    assert StepCostModel.from_dict(LOADED.to_dict()) == LOADED
+    assert StepCostModel.from_dict({k: v for k, v in LAB.to_dict().items() if k != "draft_pass_at_k0"}) == LAB
+    with pytest.raises(ValueError, match="draft_pass_at_k0 must be true or false"):
+        StepCostModel.from_dict({**LAB.to_dict(), "draft_pass_at_k0": "yes"})
+
+
+def test_the_fit_reads_loaded_k0_steps_as_target_plus_a_draft_pass() -> None:
+    b = np.array([1, 2, 4, 8, 16] * 3, float)
+    k = np.array([0] * 5 + [3] * 5 + [0] * 5, float)
+    loaded = np.array([True] * 10 + [False] * 5)  # the last five: an engine without a draft (speculation off)
+    t = design_matrix(b, k, loaded) @ LAB.parameters
+    fit = fit_step_cost(b, k, t, draft_pass_at_k0=loaded)
+    assert fit.model is not None and fit.reason is StepCostReason.OK
+    assert fit.model.parameters == pytest.approx(LAB.parameters, rel=1e-6)
+    # read as plain steps, the same K = 0 steps would put the draft's pass into the target's cost
+    naive = fit_step_cost(b, k, t)
+    assert naive.model is not None
+    assert naive.model.fixed_s > 1.2 * LAB.fixed_s or naive.model.per_token_s > 1.2 * LAB.per_token_s
+
+
+def test_loaded_k0_and_k1_alone_cannot_separate_draft_from_target() -> None:
+    b = np.array([1, 4, 16, 1, 4, 16], float)
+    k = np.array([0, 0, 0, 1, 1, 1], float)
+    t = design_matrix(b, k, True) @ LAB.parameters
+    fit = fit_step_cost(b, k, t, draft_pass_at_k0=True)
+    assert fit.model is None and fit.reason is StepCostReason.K_NOT_VARIED
+    assert "1 draft pass(es) per step (K = 0, 1)" in fit.message
+    bad = fit_step_cost(b, k, t, draft_pass_at_k0=[True, False])
+    assert bad.reason is StepCostReason.INVALID_INPUT and "2 entries for 6 observations" in bad.message
+
+
+def test_a_table_with_the_draft_loaded_keeps_drafting_where_k0_would_only_save_verification() -> None:
+    """The lab's predictable prompts at 16 streams: no speculation 766 tok/s, medium K = 3 772, a table
+    with K = 0 at 16 streams 590 (bench/results/live_cells.md). Read as plain decoding, K = 0 wins at 16;
+    with its draft pass counted, drafting wins."""
+    alpha = ConstantAlphaModel(0.95, 0.94, 0.96)
+
+    def table(model: StepCostModel) -> list[list[int]]:
+        snap = KTableSnapshot(now=NOW, acceptance=alpha, step_cost=model, max_batch_size=16, k_max=5)
+        return k_table(snap).as_vllm()
+
+    assert table(LAB)[-1][2] == 0
+    rows = table(LOADED)
+    assert all(kk >= 1 for _, _, kk in rows), rows
+    # the speedup is still over plain decoding, not over the loaded K = 0
+    d = choose_k(KChoiceSnapshot(now=NOW, acceptance=alpha, step_cost=LOADED, batch_size=16, k_max=5, k0_is_off=False))
+    k0 = d.by_k[0]
+    assert k0.step_time_s == pytest.approx(LOADED.step_time_s(16, 0))
+    assert k0.speedup == pytest.approx(LOADED.plain_step_time_s(16) / LOADED.step_time_s(16, 0)) and k0.speedup < 1
+
+
+def test_one_k_per_engine_reads_k0_as_restarting_without_the_draft() -> None:
+    alpha = ConstantAlphaModel(0.3, 0.25, 0.35)
+    d = choose_k(KChoiceSnapshot(now=NOW, acceptance=alpha, step_cost=LOADED, batch_size=16, k_max=5))
+    assert d.k == 0 and d.by_k[0].speedup == pytest.approx(1.0)
+    assert d.by_k[0].step_time_s == pytest.approx(LOADED.plain_step_time_s(16))
+    bins = [(60.0, 16.0)]
+    off = goodput_over_load(alpha, LOADED, bins, 0)
+    assert off.tokens_per_s == pytest.approx(16 / LOADED.plain_step_time_s(16))
+
+
+def test_measured_loaded_k0_cells_set_the_level_of_plain_decoding() -> None:
+    # this engine: K = 0 at B = 1 measured 11.4 ms with its draft loaded (the lab: 5.8 ms without one)
+    model = with_measured_cells(LOADED, [1, 1], [0, 3], [0.0114, 0.025], [100, 100], min_steps=50)
+    assert isinstance(model, MeasuredStepCost) and model.draft_pass_at_k0
+    assert model.step_time_s(1, 0) == pytest.approx(0.0114)
+    factor = 0.0114 / LOADED.step_time_s(1, 0)
+    assert model.plain_step_time_s(1) == pytest.approx(LAB.plain_step_time_s(1) * factor)
+    assert model.linear() == LOADED
+    # switching the flag drops the cells: they were measured against the other reading of K = 0
+    assert model.with_draft_pass_at_k0(False) == LAB
+    # an engine whose K = 0 steps are plain (ngram): its K = 0 cells are plain decoding itself
+    ngram = with_measured_cells(LAB, [1], [0], [0.0058], [100], min_steps=50)
+    assert ngram.plain_step_time_s(1) == pytest.approx(0.0058)

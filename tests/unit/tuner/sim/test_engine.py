@@ -1,0 +1,186 @@
+"""The simulated engine against closed forms, and the scenario format's validation."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from policies.acceptance import estimate_alpha
+from policies.counters import SpecCounters
+from policies.speedup import expected_tokens_per_step
+from tuner.sim.engine import OFF, SimConfig, SimEngine
+from tuner.sim.scenario import ScenarioError, load_scenario, parse_scenario
+
+SCENARIOS = Path(__file__).resolve().parents[4] / "bench" / "scenarios"
+
+
+def scenario_data(**changes: Any) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "name": "t",
+        "duration_s": 3600,
+        "seed": 1,
+        "engine": {"target_step_s": 0.025, "per_token_s": 0.0001, "step_time_cv": 0.0},
+        "drafts": [{"name": "d", "cost_ratio": 0.08, "alpha": 0.7}],
+        "start": {"draft": "d", "k": 3},
+        "load": {"kind": "constant", "concurrency": 8},
+    }
+    data.update(changes)
+    return data
+
+
+def engine_of(**changes: Any) -> SimEngine:
+    return SimEngine(parse_scenario(scenario_data(**changes)))
+
+
+def draw(engine: SimEngine, cfg: SimConfig, n: int = 200, seed: int = 0) -> SpecCounters:
+    starts = 10.0 * np.arange(n, dtype=np.float64)
+    windows = engine.windows(cfg, starts, starts + 10.0, np.random.default_rng(seed))
+    total = SpecCounters()
+    for w in windows:
+        assert w.spec is not None
+        total = total + w.spec
+    return total
+
+
+@pytest.mark.parametrize("alpha", [0.3, 0.7, 0.95])
+@pytest.mark.parametrize("k", [1, 3, 6])
+def test_expected_tokens_is_the_closed_form(alpha: float, k: int) -> None:
+    engine = engine_of(drafts=[{"name": "d", "cost_ratio": 0.08, "alpha": alpha}])
+    assert float(engine.expected_tokens(SimConfig("d", k), 0.0)) == pytest.approx(expected_tokens_per_step(alpha, k))
+    assert float(engine.expected_tokens(OFF, 0.0)) == 1.0
+
+
+@pytest.mark.parametrize("alpha,k", [(0.4, 2), (0.75, 4), (0.9, 8)])
+def test_drawn_counters_match_the_model(alpha: float, k: int) -> None:
+    engine = engine_of(drafts=[{"name": "d", "cost_ratio": 0.08, "alpha": alpha}])
+    total = draw(engine, SimConfig("d", k))
+    # tokens per draft = E(α, K) within sampling error; α̂'s interval covers α
+    per_draft = 1.0 + total.accepted_tokens / total.drafts
+    assert per_draft == pytest.approx(expected_tokens_per_step(alpha, k), rel=0.01)
+    est = estimate_alpha(total)
+    assert est.alpha_ci is not None and est.alpha_ci[0] <= alpha <= est.alpha_ci[1]
+    # counters are internally consistent, like vLLM's
+    assert total.draft_tokens == k * total.drafts
+    assert sum(total.accepted_per_pos) == total.accepted_tokens
+    assert list(total.accepted_per_pos) == sorted(total.accepted_per_pos, reverse=True)
+
+
+def test_position_decay_shapes_conditional_acceptance() -> None:
+    engine = engine_of(drafts=[{"name": "d", "cost_ratio": 0.08, "alpha": 0.8, "position_decay": 0.1}])
+    total = draw(engine, SimConfig("d", 4))
+    a = total.accepted_per_pos
+    conditional = [a[0] / total.drafts] + [a[i] / a[i - 1] for i in range(1, 4)]
+    assert conditional == pytest.approx([0.8 * 0.9**i for i in range(4)], abs=0.01)
+
+
+def test_goodput_follows_the_step_cost_model() -> None:
+    engine = engine_of()
+    cfg = SimConfig("d", 3)
+    b = 8.0
+    step_s = 0.025 + 0.0001 * b * 4 + 3 * 0.08 * (0.025 + 0.0001 * b)  # T(B, K) with draft cost c × target's
+    expected = b * expected_tokens_per_step(0.7, 3) / step_s
+    assert float(engine.expected_goodput(cfg, 0.0)) == pytest.approx(expected)
+    total = draw(engine, cfg)
+    assert total.generated_tokens / 2000.0 == pytest.approx(expected, rel=0.01)
+    # no speculation: B tokens per target step
+    off = engine.windows(OFF, np.array([0.0]), np.array([10.0]), np.random.default_rng(0))[0]
+    assert off.spec is None and off.generation_tokens == pytest.approx(10.0 * b / (0.025 + 0.0001 * b), abs=1)
+
+
+def test_a_tables_k0_runs_the_draft_models_pass_but_not_ngrams() -> None:
+    engine = engine_of(
+        drafts=[{"name": "d", "cost_ratio": 0.08, "alpha": 0.7}, {"name": "n", "method": "ngram", "alpha": 0.5}]
+    )
+    b = np.array([8.0])
+    target = 0.025 + 0.0001 * 8
+    table = ((1, 4, 3), (5, 16, 0))
+    assert engine.step_time_s(SimConfig("d", 3, table), b)[0] == pytest.approx(target * 1.08)  # one draft pass
+    assert engine.step_time_s(SimConfig("n", 3, table), b)[0] == pytest.approx(target)
+    assert engine.step_time_s(OFF, b)[0] == pytest.approx(target)
+
+
+def test_memory_caps_the_batch_and_refuses_what_does_not_fit() -> None:
+    memory = {"kv_pool_bytes": 1e9, "target_kv_bytes_per_token": 1e5, "tokens_per_seq": 1000}
+    engine = engine_of(
+        engine={"target_step_s": 0.025, "memory": memory},
+        drafts=[
+            {"name": "d", "cost_ratio": 0.08, "alpha": 0.7, "weights_bytes": 2e8, "kv_bytes_per_token": 1e5},
+            {"name": "huge", "cost_ratio": 0.08, "alpha": 0.7, "weights_bytes": 2e9},
+        ],
+        load={"kind": "constant", "concurrency": 64},
+    )
+    assert engine.max_batch(OFF) == 10
+    assert engine.max_batch(SimConfig("d", 3)) == 3  # 0.8e9 / (2e5 × 1003)
+    assert float(engine.batch(SimConfig("d", 3), 0.0)) == 3.0
+    assert engine.start_problem(SimConfig("huge", 1)) is not None
+    assert float(engine.expected_goodput(SimConfig("huge", 1), 0.0)) == 0.0
+
+
+def test_failing_configs_and_schedules() -> None:
+    engine = engine_of(
+        engine={"target_step_s": 0.025, "failing_configs": [{"draft": "d", "k": [5]}]},
+        drafts=[{"name": "d", "cost_ratio": 0.08, "alpha": 0.7, "alpha_schedule": [[0, 0.8], [100, 0.8], [200, 0.2]]}],
+    )
+    assert engine.start_problem(SimConfig("d", 5)) is not None
+    assert engine.start_problem(SimConfig("d", 4)) is None
+    assert engine.alpha("d", np.array([50.0, 150.0, 500.0])) == pytest.approx([0.8, 0.5, 0.2])
+
+
+def test_load_shapes() -> None:
+    diurnal = engine_of(load={"kind": "diurnal", "trough_concurrency": 4, "peak_concurrency": 100, "peak_at_s": 0})
+    assert diurnal.concurrency(np.array([0.0, 43200.0])) == pytest.approx([100.0, 4.0])
+    bursty = engine_of(load={"kind": "bursty", "concurrency": 2, "burst_concurrency": 50, "burst_every_s": 600})
+    c = bursty.concurrency(np.arange(0.0, 3600.0, 10.0))
+    assert set(np.unique(c)) == {2.0, 50.0}
+    phases = engine_of(
+        load={
+            "kind": "phases",
+            "phases": [
+                {"duration_s": 100, "concurrency": 1},
+                {"duration_s": 100, "concurrency": 16, "alpha_scale": {"d": 0.5}},
+            ],
+        }
+    )
+    assert phases.concurrency(np.array([50.0, 150.0, 900.0])) == pytest.approx([1, 16, 16])
+    assert phases.alpha("d", np.array([50.0, 150.0])) == pytest.approx([0.7, 0.35])
+
+
+def test_same_world_for_every_policy() -> None:
+    """Load, jitter and step noise depend on the scenario's seed only, not on the run's generator."""
+    engine = engine_of(drafts=[{"name": "d", "cost_ratio": 0.08, "alpha": 0.7, "alpha_jitter_sd": 0.05}])
+    t = np.arange(0.0, 600.0, 10.0)
+    assert np.array_equal(engine.alpha("d", t, jitter=True), engine_of(
+        drafts=[{"name": "d", "cost_ratio": 0.08, "alpha": 0.7, "alpha_jitter_sd": 0.05}]
+    ).alpha("d", t, jitter=True))
+
+
+def test_bad_scenarios_name_every_problem(tmp_path: Path) -> None:
+    data = scenario_data(start={"draft": "nope", "k": 3})
+    data["engine"] = {"target_step_s": -1, "restart_downtim_s": 5}
+    with pytest.raises(ScenarioError) as err:
+        parse_scenario(data, "x.toml")
+    text = str(err.value)
+    assert "engine.target_step_s" in text and "engine.restart_downtim_s: is not a known key" in text
+    with pytest.raises(ScenarioError, match=r"start\.draft 'nope' is not one of"):
+        parse_scenario(scenario_data(start={"draft": "nope", "k": 3}))
+    with pytest.raises(ScenarioError, match="unknown guardrail"):
+        parse_scenario(scenario_data(controller={"guardrails": {"cooldown": 5}}))
+    bad = tmp_path / "bad.toml"
+    bad.write_text("name = [")
+    with pytest.raises(ScenarioError, match="not valid TOML"):
+        load_scenario(bad)
+    with pytest.raises(ScenarioError, match="file not found"):
+        load_scenario(tmp_path / "missing.toml")
+
+
+@pytest.mark.parametrize("path", sorted(SCENARIOS.glob("*.toml")), ids=lambda p: p.stem)
+def test_every_bench_scenario_is_valid(path: Path) -> None:
+    scenario = load_scenario(path)
+    engine = SimEngine(scenario)
+    assert tomllib.loads(path.read_text())["name"] == scenario.name
+    start = SimConfig(scenario.start.draft, scenario.start.k)
+    assert engine.start_problem(start) is None

@@ -1,0 +1,133 @@
+"""The simulator driving the real controller (real SQLite store): determinism, no flapping, detection,
+a failing candidate. Scenarios are the bench's, shortened or coarsened so the tests stay fast; the bench
+runs them at full length and resolution."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from tuner.cli.main import app
+from tuner.sim.engine import SimEngine
+from tuner.sim.run import StoreFactory, run_scenario, simulate, start_config
+from tuner.sim.scenario import Scenario, parse_scenario
+
+SCENARIOS = Path(__file__).resolve().parents[4] / "bench" / "scenarios"
+
+
+def bench_scenario(name: str, **changes: Any) -> Scenario:
+    data = tomllib.loads((SCENARIOS / f"{name}.toml").read_text())
+    for key, value in changes.items():
+        if isinstance(value, dict) and isinstance(data.get(key), dict):
+            data[key] = {**data[key], **value}
+        else:
+            data[key] = value
+    return parse_scenario(data, name)
+
+
+def _strip_timing(data: Any) -> Any:
+    if isinstance(data, dict):
+        return {k: _strip_timing(v) for k, v in data.items() if k not in ("wall_s", "cpu_s")}
+    if isinstance(data, list):
+        return [_strip_timing(v) for v in data]
+    return data
+
+
+def test_same_seed_same_json_other_seed_other_json() -> None:
+    # K control only (no swap candidates): the swap policy's history query makes runs slow (docs/simulator.md)
+    scenario = bench_scenario(
+        "gpu_degrading",
+        duration_s=2400,
+        change_at_s=1200,
+        baselines={"ucb_epoch_s": 400},
+        controller={"candidates": []},
+    )
+    policies = ("spectuner", "fixed_k3", "sglang_ma", "ucb")
+    first = _strip_timing(run_scenario(scenario, policies))
+    second = _strip_timing(run_scenario(scenario, policies))
+    assert json.dumps(first, sort_keys=True) == json.dumps(second, sort_keys=True)
+    other = _strip_timing(run_scenario(scenario, ("spectuner",), seed=scenario.seed + 1))
+    assert other["policies"]["spectuner"]["goodput"] != first["policies"]["spectuner"]["goodput"]
+    assert set(first["policies"]["spectuner"]) >= {"goodput", "ratio_to_oracle", "changes", "restarts"}
+
+
+def test_stationary_24h_makes_no_change() -> None:
+    # Full 24 h, coarser ticks (collect 60 s, decide 300 s) to keep the test fast; the bench runs 10 s / 60 s.
+    scenario = bench_scenario(
+        "gpu_stationary", controller={"collect_interval_s": 60, "decide_interval_s": 300}
+    )
+    engine = SimEngine(scenario)
+    with StoreFactory() as stores:
+        run = simulate(scenario, engine, "spectuner", start_config(scenario), stores=stores)
+    assert run.duration_s == 86400
+    assert (run.changes, run.restarts) == (0, 0), run.timeline
+    assert sum(run.ticks.values()) == 86400 // 300
+
+
+def test_degrading_draft_is_detected_within_two_minutes_at_10_requests_per_s() -> None:
+    # The 8B draft goes bad after 30 min instead of 2 h (same drop, shorter run); the swap candidates are on.
+    data = tomllib.loads((SCENARIOS / "gpu_degrading.toml").read_text())
+    data["drafts"][0]["alpha_schedule"] = [[0, 0.75], [1800, 0.75], [1860, 0.3]]
+    scenario = parse_scenario({**data, "duration_s": 1800 + 1200, "change_at_s": 1800})
+    engine = SimEngine(scenario)
+    start = start_config(scenario)
+    before = float(engine.expected_goodput(start, 900.0)) / scenario.load.output_tokens
+    assert 9.0 <= before <= 11.0  # requests/s before the draft goes bad
+    with StoreFactory() as stores:
+        run = simulate(scenario, engine, "spectuner", start, stores=stores)
+    assert run.detection_s is not None and run.detection_s <= 120.0, run.detection_s
+    assert run.change_detector_s is not None and run.change_detector_s <= 120.0
+    assert run.changes >= 1 and run.timeline[-1][1].startswith("llama-1b/")  # and swapped to the draft that still works
+
+
+def test_failing_candidate_is_rolled_back_and_not_retried() -> None:
+    scenario = bench_scenario("gpu_failing_candidate", duration_s=3600, controller={"candidates": []})
+    engine = SimEngine(scenario)
+    with StoreFactory() as stores:
+        run = simulate(scenario, engine, "spectuner", start_config(scenario), stores=stores)
+    # the failing config (K = 5) is tried once, rolled back, never again; the controller then moves to
+    # the best K that has not failed
+    assert run.failed_starts == 1 and run.rollbacks == 1 and run.restarts == 2
+    assert run.ticks.get("rolled_back") == 1 and run.ticks.get("applied") == 1
+    assert run.timeline[0] == (0.0, "llama-8b/K=2") and len(run.timeline) == 2
+    assert run.timeline[1][1] not in ("llama-8b/K=2", "llama-8b/K=5")
+
+
+def test_cli_json_and_usage_errors(tmp_path: Path) -> None:
+    data = tomllib.loads((SCENARIOS / "gpu_stationary.toml").read_text())
+    data["duration_s"] = 1800
+    path = tmp_path / "short.toml"
+    path.write_text(_to_toml(data))
+    runner = CliRunner()
+    result = runner.invoke(app, ["simulate", "--scenario", str(path), "--policy", "spectuner", "-q", "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert list(out["policies"]) == ["spectuner"]
+    assert out["policies"]["spectuner"]["ratio_to_oracle"] == pytest.approx(1.0, abs=0.05)
+    bad = runner.invoke(app, ["simulate", "--scenario", str(path), "--policy", "nope"])
+    assert bad.exit_code == 2 and "unknown --policy nope" in bad.output
+    path.write_text("name = 'x'\nduration_s = 5\n")
+    missing = runner.invoke(app, ["simulate", "--scenario", str(path)])
+    assert missing.exit_code == 2 and "engine: is required" in missing.output
+
+
+def _to_toml(data: dict[str, Any], prefix: str = "") -> str:
+    """A tiny TOML writer for the test's scenario (tables, arrays of tables, scalars, arrays)."""
+    lines, tables = [], []
+    for key, value in data.items():
+        if isinstance(value, dict):
+            tables.append((f"{prefix}{key}", value, False))
+        elif isinstance(value, list) and value and isinstance(value[0], dict):
+            tables.extend((f"{prefix}{key}", item, True) for item in value)
+        else:
+            lines.append(f"{key} = {json.dumps(value)}")
+    out = "\n".join(lines) + "\n"
+    for name, table, many in tables:
+        out += f"\n[[{name}]]\n" if many else f"\n[{name}]\n"
+        out += _to_toml(table, prefix=f"{name}.")
+    return out

@@ -1,0 +1,113 @@
+"""Config for the plugin and the live actuator: clear errors, and what the daemon builds from it."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from collectors.step_ingest import StepFeed
+from collectors.vllm_plugin import env
+from tuner.actuators.live import LiveActuator
+from tuner.actuators.restart import RestartActuator
+from tuner.config import ConfigError, parse_config
+from tuner.wiring import DaemonStartError, build_actuator, build_step_ingest
+
+
+class ListSink:
+    def write_windows(self, records: Any) -> None: ...
+    def write_requests(self, records: Any) -> None: ...
+    def write_steps(self, records: Any) -> None: ...
+    def write_events(self, records: Any) -> None: ...
+
+
+def base(**sections: Any) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "engine": {"metrics_url": "http://127.0.0.1:8000"},
+        "speculative": {"method": "draft_model", "model": "/models/d", "num_speculative_tokens": 3},
+        "actuator": {"kind": "live", "live": {}, "restart": {"argv": ["vllm", "serve", "/m"]}},
+        "plugin": {"ingest_listen": "127.0.0.1:8766", "control_address": "unix:/run/spt/control.sock"},
+    }
+    data.update(sections)
+    return data
+
+
+def problems(data: dict[str, Any]) -> str:
+    with pytest.raises(ConfigError) as err:
+        parse_config(data)
+    return str(err.value)
+
+
+def test_live_needs_a_control_address() -> None:
+    msg = problems(base(plugin={}))
+    assert "plugin.control_address is not set" in msg
+
+
+def test_live_fallback_needs_its_table() -> None:
+    msg = problems(base(actuator={"kind": "live", "live": {"fallback": "webhook"}}))
+    assert "fallback is 'webhook' but there is no [actuator.webhook] table" in msg
+
+
+@pytest.mark.parametrize(
+    ("plugin", "fragment"),
+    [
+        ({"ingest_listen": "0.0.0.0:8766"}, "loopback only"),
+        ({"ingest_listen": "127.0.0.1"}, "is not 127.0.0.1:PORT"),
+        ({"control_address": "unix:ctl.sock"}, "absolute socket path"),
+        ({"control_address": "10.0.0.2:9000"}, "not on loopback"),
+        ({"control_address": "127.0.0.1:0"}, "needs a fixed port"),
+    ],
+)
+def test_plugin_addresses_are_checked(plugin: dict[str, str], fragment: str) -> None:
+    assert fragment in problems(base(plugin=plugin, actuator={"kind": "none"}))
+
+
+def test_daemon_builds_live_over_restart_with_the_plugin_env(tmp_path: Path) -> None:
+    cfg = parse_config(base(), base_dir=tmp_path)
+    feed = StepFeed()
+    act = build_actuator(cfg, feed)
+    assert isinstance(act, LiveActuator) and act.feed is feed and act.k_max == cfg.policy.k_max
+    fallback = act.fallback
+    assert isinstance(fallback, RestartActuator)
+    token_file = tmp_path / "plugin.token"
+    assert fallback.env == {
+        env.INGEST_URL: "http://127.0.0.1:8766/v1/steps",
+        env.CONTROL_ADDR: "unix:/run/spt/control.sock",
+        env.TOKEN_FILE: str(token_file),
+    }
+    # The daemon starts the engine, so it made the shared token, readable by its user only.
+    assert stat.S_IMODE(token_file.stat().st_mode) == 0o600 and len(token_file.read_text().strip()) > 20
+    assert act.control.token == token_file.read_text().strip()
+    ingest = build_step_ingest(cfg, sink=ListSink(), feed=feed)
+    assert ingest is not None and ingest.url == "http://127.0.0.1:8766/v1/steps" and ingest.feed is feed
+    assert ingest._token == token_file.read_text().strip().encode()
+    # The same token on the next start (the engine may still hold the file).
+    again = build_actuator(cfg, feed)
+    assert isinstance(again, LiveActuator) and again.control.token == act.control.token
+
+
+def test_engine_managed_elsewhere_needs_an_existing_token(tmp_path: Path) -> None:
+    data = base(actuator={"kind": "live", "live": {"fallback": "command"}, "command": {"argv": ["apply"]}})
+    cfg = parse_config(data, base_dir=tmp_path)
+    with pytest.raises(DaemonStartError, match=r"plugin token file .* does not exist"):
+        build_actuator(cfg)
+    (tmp_path / "plugin.token").write_text("shared-secret\n")
+    act = build_actuator(cfg)
+    assert isinstance(act, LiveActuator) and act.control.token == "shared-secret"
+
+
+def test_plugin_off_means_no_ingest_and_no_env(tmp_path: Path) -> None:
+    cfg = parse_config(base(plugin={}, actuator={"kind": "restart", "restart": {"argv": ["x"]}}), base_dir=tmp_path)
+    act = build_actuator(cfg)
+    assert isinstance(act, RestartActuator) and act.env == {}
+    assert build_step_ingest(cfg, sink=ListSink(), feed=StepFeed()) is None
+    assert not (tmp_path / "plugin.token").exists()
+
+
+def test_live_without_ingest_verifies_by_read_back_only(tmp_path: Path) -> None:
+    cfg = parse_config(base(plugin={"control_address": "127.0.0.1:8765"}), base_dir=tmp_path)
+    act = build_actuator(cfg, StepFeed())
+    assert isinstance(act, LiveActuator) and act.feed is None
+    assert isinstance(act.fallback, RestartActuator) and env.INGEST_URL not in act.fallback.env
