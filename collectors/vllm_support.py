@@ -93,6 +93,19 @@ K_TABLE_V1_METHOD_GATE = Feature(
     "ngram/eagle/eagle3/mtp/draft_model/dflash (e.g. suffix): live K then reports unsupported",
     (Requirement("method", "vllm.config.vllm", "VllmConfig", "_maybe_disable_dynamic_sd_for_v1"),),
 )
+K_TABLE_COUNTS_PREFILLS = Feature(
+    "k_table_batch_counts_prefills",
+    "the K table's batch size is every request scheduled in the step, prefills included (as the plugin's step batch)",
+    (
+        Requirement(
+            "indexes",
+            "vllm.v1.core.sched.scheduler",
+            "Scheduler",
+            "schedule",
+            ("dynamic_sd_lookup", "len(num_scheduled_tokens)"),
+        ),
+    ),
+)
 V2_SKIPS_DRAFTS = Feature(
     "v2_skips_useless_drafts",
     "Model Runner V2 skips drafting in steps where no request can use drafts (steps with zero drafts at K > 0)",
@@ -109,7 +122,7 @@ def _method(name: str) -> Feature:
 
 
 COLLECTOR_FEATURES = (PROM_SPEC, PROM_PER_POS, PROM_LOAD, PROM_LATENCY, REQUEST_METRICS, REQUEST_PER_STEP)
-ENGINE_NOTES = (K_TABLE_CUDA_GRAPHS, K_TABLE_V1_METHOD_GATE, V2_SKIPS_DRAFTS)
+ENGINE_NOTES = (K_TABLE_COUNTS_PREFILLS, K_TABLE_CUDA_GRAPHS, K_TABLE_V1_METHOD_GATE, V2_SKIPS_DRAFTS)
 METHOD_FEATURES = tuple(_method(m) for m in METHODS)
 ALL_FEATURES: tuple[Feature, ...] = (*PLUGIN_FEATURES, *COLLECTOR_FEATURES, *ENGINE_NOTES, *METHOD_FEATURES)
 
@@ -146,9 +159,7 @@ EXPECTED: dict[str, frozenset[str]] = {
 
 
 def live_k_verdict(holds: frozenset[str]) -> str:
-    if not {"k_table", "live_k"} <= holds:
-        return "no (restart)"
-    return "yes, start-up K values under CUDA graphs" if K_TABLE_CUDA_GRAPHS.name in holds else "yes"
+    return "yes" if {"k_table", "live_k"} <= holds else "no (restart)"
 
 
 def render_markdown() -> str:

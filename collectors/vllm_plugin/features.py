@@ -28,7 +28,8 @@ class Requirement:
     - ``function``: ``module.name`` is a function taking (at least) ``names`` as parameters;
     - ``method``: ``module.cls.name`` is a method taking (at least) ``names``;
     - ``attrs``: ``module.cls`` declares ``names`` (class-body annotations or ``self.X = ...`` in any method);
-    - ``indexes``: ``module.cls.name``'s body indexes ``self.<names[0]>[...]`` (it reads the attribute per call);
+    - ``indexes``: ``module.cls.name``'s body indexes ``self.<names[0]>[...]`` (it reads the attribute per call),
+      with the index written ``names[1]`` when given (e.g. ``len(num_scheduled_tokens)``);
     - ``literal``: the string ``names[0]`` appears as a literal in ``module`` (metric names, entry-point groups);
     - ``member``: ``names[0]`` is one of the strings of the ``Literal[...]`` alias ``module.name`` (aliases
       nested in it followed), e.g. a speculative method vLLM accepts;
@@ -255,7 +256,7 @@ def _declared_attrs(cls: ast.ClassDef) -> set[str]:
     return names
 
 
-def _indexes_self_attr(func: ast.AST, attr: str) -> bool:
+def _indexes_self_attr(func: ast.AST, attr: str, index: str | None) -> bool:
     for node in ast.walk(func):
         if (
             isinstance(node, ast.Subscript)
@@ -263,6 +264,7 @@ def _indexes_self_attr(func: ast.AST, attr: str) -> bool:
             and node.value.attr == attr
             and isinstance(node.value.value, ast.Name)
             and node.value.value.id == "self"
+            and (index is None or ast.unparse(node.slice) == index)
         ):
             return True
     return False
@@ -349,7 +351,8 @@ class SourceProbe:
         if req.kind == "method":
             return _missing_params(req.describe(), _params(method.args), req.names)
         if req.kind == "indexes":
-            return [] if _indexes_self_attr(method, req.names[0]) else [f"{req.describe()} not found"]
+            index = req.names[1] if len(req.names) > 1 else None
+            return [] if _indexes_self_attr(method, req.names[0], index) else [f"{req.describe()} not found"]
         return [f"unknown requirement kind {req.kind!r}"]
 
 

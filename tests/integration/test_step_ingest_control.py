@@ -339,3 +339,23 @@ def test_effective_table() -> None:
     assert effective_table({**DRAFT, "num_speculative_tokens": 2, "num_speculative_tokens_per_batch_size": table}) == [
         [1, 4, 2]
     ]
+
+
+def test_an_engine_without_live_k_internals_restarts_with_exactly_the_requested_config(sock_path: Path) -> None:
+    """Feature detection said live K cannot work on this vLLM: the fallback starts what was asked,
+    not K_max plus a table (which only serves later live changes)."""
+    sched = scheduler()
+    server = serve(sched, Address(unix_path=str(sock_path)), features=NO_LOOKUP)
+    try:
+        fallback = Recording()
+        act = LiveActuator(ControlClient(f"unix:{sock_path}", "tok"), fallback, k_max=5)
+        act.current = {**DRAFT, "num_speculative_tokens": 5}
+        result = act.apply({**DRAFT, "num_speculative_tokens": 2})
+        assert isinstance(result, LiveApplyResult) and result.path == "restart"
+        assert "lacks internals the plugin needs (live_k:" in result.fallback_reason
+        assert fallback.applied == [{**DRAFT, "num_speculative_tokens": 2}]
+        # Remembered for changes that do not ask the engine first (another draft).
+        other = {**DRAFT, "model": "/models/draft-weak", "num_speculative_tokens": 3}
+        assert act.apply(other).ok and fallback.applied[-1] == other
+    finally:
+        server.stop()
