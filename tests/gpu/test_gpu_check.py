@@ -22,10 +22,8 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import statistics
 import subprocess
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -35,20 +33,17 @@ from pathlib import Path
 import httpx
 import pytest
 
-from collectors.records import EngineKey
-from collectors.step_ingest import StepFeed, StepIngestServer, drafted_k
-from collectors.vllm_plugin import env
+from collectors.step_ingest import drafted_k
 from collectors.vllm_plugin.client import ControlClient, ControlError
 from tests.gpu.conftest import REPO
 from tests.live.conftest import MODELS_DIR
-from tests.live.test_plugin_live import Rig, Tripwire, engine_spec_totals, greedy_outputs, settle
+from tests.live.test_plugin_live import Rig, Tripwire, engine_spec_totals, greedy_outputs, plugin_rig, settle
 from tuner.actuators.base import ApplyStatus
 from tuner.actuators.live import LiveActuator, LiveApplyResult
 from tuner.lab.load import run_load
-from tuner.lab.models import Manifest, build_models
+from tuner.lab.models import build_models
 from tuner.lab.prompts import PREDICTABLE
 from tuner.lab.serve import LabServer
-from tuner.store import Store, upgrade
 
 K_MAX = 4
 TABLE = [[1, 1, 4], [2, 2, 2], [3, 16, 0]]
@@ -72,19 +67,8 @@ def report(what: str, **figures: object) -> None:
 
 @pytest.fixture(scope="module")
 def gpu_rig(gpu_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
-    manifest: Manifest = build_models(MODELS_DIR)
-    assert manifest.target.path
+    build_models(MODELS_DIR)
     work = tmp_path_factory.mktemp("gpu")
-    url = f"sqlite:///{work / 'steps.db'}"
-    upgrade(url)
-    store = Store(url)
-    token = secrets.token_urlsafe(16)
-    token_file = work / "plugin.token"
-    token_file.write_text(token)
-    token_file.chmod(0o600)
-    feed = StepFeed()
-    sock_dir = Path(tempfile.mkdtemp(prefix="spt-"))
-    control_addr = f"unix:{sock_dir / 'ctl.sock'}"
     server = GpuLabServer(
         draft="good",
         k=K_MAX,
@@ -94,25 +78,12 @@ def gpu_rig(gpu_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
         enforce_eager=False,
         python=str(gpu_python),
     )
-    ingest = StepIngestServer(store, server.metrics_url, token=token, feed=feed).start()
-    server.extra_env.update(
-        {env.INGEST_URL: ingest.url, env.CONTROL_ADDR: control_addr, env.TOKEN_FILE: str(token_file)}
-    )
-    started_s = server.start()
-    version = subprocess.run(
-        [str(gpu_python), "-c", "import vllm; print(vllm.__version__)"], capture_output=True, text=True, timeout=120
-    ).stdout.strip()
-    report("engine", vllm=version, startup_s=round(started_s, 1), log=str(server.log_path))
-    rig = Rig(server, store, ingest, feed, token, control_addr, EngineKey(server.metrics_url, server.model_name, "0"))
-    try:
+    with plugin_rig(server, work) as rig:
+        version = subprocess.run(
+            [str(gpu_python), "-c", "import vllm; print(vllm.__version__)"], capture_output=True, text=True, timeout=120
+        ).stdout.strip()
+        report("engine", vllm=version, startup_s=server.startup_s, log=str(server.log_path))
         yield rig
-    finally:
-        server.stop()
-        rig.ingest.stop()
-        store.close()
-        for p in sock_dir.iterdir():
-            p.unlink()
-        sock_dir.rmdir()
 
 
 def test_per_step_totals_equal_metrics(gpu_rig: Rig) -> None:

@@ -21,6 +21,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,9 +62,10 @@ class Rig:
         ).start()
 
 
-@pytest.fixture(scope="module")
-def rig(lab_models: Manifest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
-    work = tmp_path_factory.mktemp("plugin")
+@contextmanager
+def plugin_rig(server: LabServer, work: Path) -> Iterator[Rig]:
+    """Start ``server`` (not yet started) with the plugin pointed at a fresh ingest server on a real
+    SQLite store and a token-protected control socket; everything is stopped on exit."""
     url = f"sqlite:///{work / 'steps.db'}"
     upgrade(url)
     store = Store(url)
@@ -74,20 +76,13 @@ def rig(lab_models: Manifest, tmp_path_factory: pytest.TempPathFactory) -> Itera
     feed = StepFeed()
     sock_dir = Path(tempfile.mkdtemp(prefix="spt-"))  # AF_UNIX paths must stay short
     control_addr = f"unix:{sock_dir / 'ctl.sock'}"
-    server = LabServer(
-        draft="good",
-        k=K_MAX,
-        per_batch_size=[[1, 16, K_MAX]],
-        models_dir=MODELS_DIR,
-        workdir=work / "engine",
-    )
     ingest = StepIngestServer(store, server.metrics_url, token=token, feed=feed).start()
     server.extra_env.update(
         {env.INGEST_URL: ingest.url, env.CONTROL_ADDR: control_addr, env.TOKEN_FILE: str(token_file)}
     )
-    server.start()
     r = Rig(server, store, ingest, feed, token, control_addr, EngineKey(server.metrics_url, server.model_name, "0"))
     try:
+        server.start()
         yield r
     finally:
         server.stop()
@@ -96,6 +91,20 @@ def rig(lab_models: Manifest, tmp_path_factory: pytest.TempPathFactory) -> Itera
         for p in sock_dir.iterdir():
             p.unlink()
         sock_dir.rmdir()
+
+
+@pytest.fixture(scope="module")
+def rig(lab_models: Manifest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
+    work = tmp_path_factory.mktemp("plugin")
+    server = LabServer(
+        draft="good",
+        k=K_MAX,
+        per_batch_size=[[1, 16, K_MAX]],
+        models_dir=MODELS_DIR,
+        workdir=work / "engine",
+    )
+    with plugin_rig(server, work) as r:
+        yield r
 
 
 def engine_spec_totals(metrics_url: str) -> dict[str, Any]:
