@@ -24,8 +24,6 @@ import json
 import os
 import statistics
 import subprocess
-import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,13 +31,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from collectors.step_ingest import drafted_k
 from collectors.vllm_plugin.client import ControlClient, ControlError
 from tests.gpu.conftest import REPO
 from tests.live.conftest import MODELS_DIR
-from tests.live.test_plugin_live import Rig, Tripwire, engine_spec_totals, greedy_outputs, plugin_rig, settle
-from tuner.actuators.base import ApplyStatus
-from tuner.actuators.live import LiveActuator, LiveApplyResult
+from tests.live.test_plugin_live import Rig, Tripwire, engine_spec_totals, live_change, plugin_rig, settle
+from tuner.actuators.live import LiveActuator
 from tuner.lab.load import run_load
 from tuner.lab.models import build_models
 from tuner.lab.prompts import PREDICTABLE
@@ -128,35 +124,15 @@ def test_live_k_takes_effect_or_says_unsupported(gpu_rig: Rig) -> None:
     actuator.current = {"method": draft["method"], "model": draft["model"], "num_speculative_tokens": K_MAX,
                         "num_speculative_tokens_per_batch_size": TABLE}  # fmt: skip
     outputs: dict[int, list[str]] = {}
-    stop = threading.Event()
-
-    def background() -> None:
-        while not stop.is_set():
-            run_load(gpu_rig.server.base_url, gpu_rig.server.model_name, PREDICTABLE, concurrency=1, count=2,
-                     max_tokens=48)  # fmt: skip
-
     delays: dict[int, float | None] = {}
     for k in (2, 0, 4):
-        stop.clear()
-        load = threading.Thread(target=background, daemon=True)
-        load.start()
-        time.sleep(0.5)
-        try:
-            res = actuator.apply({**actuator.current, "num_speculative_tokens": k,
-                                  "num_speculative_tokens_per_batch_size": [[1, 16, k]]})  # fmt: skip
-        finally:
-            stop.set()
-            load.join(60)
-        assert isinstance(res, LiveApplyResult)
-        assert res.status is ApplyStatus.APPLIED and res.path == "live", res.message
+        config = {
+            **actuator.current,
+            "num_speculative_tokens": k,
+            "num_speculative_tokens_per_batch_size": [[1, 16, k]],
+        }
+        res, outputs[k] = live_change(gpu_rig, actuator, config, k, streams=1)
         delays[k] = res.decision_to_first_step_s
-        settle(gpu_rig, quiet_s=1.0)
-        mark = time.time()
-        outputs[k] = greedy_outputs(gpu_rig)
-        settle(gpu_rig, quiet_s=1.0)
-        after = [s for s in gpu_rig.store.steps(gpu_rig.key) if s.ts.timestamp() > mark]
-        drafted = {drafted_k(s) for s in after if s.spec.drafts}
-        assert drafted == ({k} if k else set()), f"steps after the change to K={k} drafted {drafted}"
     same = all(texts == outputs[0] for texts in outputs.values())
     report("live K changes", decision_to_first_step_s=delays, greedy_output_unchanged=same)
     assert same, "greedy output changed with K"

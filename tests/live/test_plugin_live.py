@@ -152,6 +152,40 @@ def greedy_outputs(rig: Rig) -> list[str]:
     return [by_prompt[p] for p in PROMPTS]
 
 
+def live_change(
+    rig: Rig, actuator: LiveActuator, config: SpecConfig, k: int, streams: int
+) -> tuple[LiveApplyResult, list[str]]:
+    """Apply ``config`` (drafting ``k`` at the batch sizes greedy_outputs runs) through the live
+    actuator under ``streams`` of steady traffic, so the change shows in the step stream at once;
+    check it went live and that every later step drafts ``k``; return the result and greedy outputs."""
+    stop = threading.Event()
+
+    def background() -> None:
+        while not stop.is_set():
+            run_load(rig.server.base_url, rig.server.model_name, PREDICTABLE, concurrency=streams, count=2,
+                     max_tokens=48)  # fmt: skip
+
+    load = threading.Thread(target=background, daemon=True)
+    load.start()
+    time.sleep(0.5)
+    try:
+        res = actuator.apply(config)
+    finally:
+        stop.set()
+        load.join(60)
+    assert isinstance(res, LiveApplyResult)
+    assert res.status is ApplyStatus.APPLIED and res.path == "live", res.message
+    settle(rig, quiet_s=1.0)
+    mark = time.time()
+    outputs = greedy_outputs(rig)
+    settle(rig, quiet_s=1.0)
+    after = [s for s in rig.store.steps(rig.key) if s.ts.timestamp() > mark]
+    drafted = {drafted_k(s) for s in after if s.spec.drafts}
+    assert drafted == ({k} if k else set()), f"steps after the change to K={k} drafted {drafted}"
+    assert any(s.spec.generated_tokens for s in after)
+    return res, outputs
+
+
 def test_per_step_totals_equal_metrics_totals(rig: Rig) -> None:
     result = run_load(rig.server.base_url, rig.server.model_name, PROMPTS, concurrency=4, count=24, max_tokens=48)
     assert result.errors == 0
@@ -181,35 +215,11 @@ def test_live_k_changes_take_effect_and_greedy_output_is_unchanged(rig: Rig) -> 
     assert draft is not None
     actuator.current = {"method": draft["method"], "model": draft["model"], "num_speculative_tokens": K_MAX}
     outputs = {K_MAX: greedy_outputs(rig)}
-    stop = threading.Event()
-
-    def background() -> None:  # steady traffic so the change shows in the step stream at once
-        while not stop.is_set():
-            run_load(rig.server.base_url, rig.server.model_name, PREDICTABLE, concurrency=2, count=2, max_tokens=48)
-
     results: dict[int, LiveApplyResult] = {}
     for k in (2, 0, 4):
-        stop.clear()
-        load = threading.Thread(target=background, daemon=True)
-        load.start()
-        time.sleep(0.5)
-        try:
-            res = actuator.apply({**actuator.current, "num_speculative_tokens": k})
-        finally:
-            stop.set()
-            load.join(60)
-        assert isinstance(res, LiveApplyResult)
-        assert res.status is ApplyStatus.APPLIED and res.path == "live", res.message
+        res, outputs[k] = live_change(rig, actuator, {**actuator.current, "num_speculative_tokens": k}, k, streams=2)
         assert res.verified == "stream", res.message
         results[k] = res
-        settle(rig, quiet_s=1.0)
-        mark = time.time()
-        outputs[k] = greedy_outputs(rig)
-        settle(rig, quiet_s=1.0)
-        after = [s for s in rig.store.steps(rig.key) if s.ts.timestamp() > mark]
-        drafted = {drafted_k(s) for s in after if s.spec.drafts}
-        assert drafted == ({k} if k else set()), f"steps after the change to K={k} drafted {drafted}"
-        assert any(s.spec.generated_tokens for s in after)
     reference = outputs[0]  # K=0 live: no draft tokens, plain decoding
     for k, texts in outputs.items():
         assert texts == reference, f"greedy output at K={k} differs from decoding without speculation"
