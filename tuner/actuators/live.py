@@ -6,7 +6,7 @@ token-authenticated control channel and swaps the scheduler's per-batch-size K l
 1. decides whether the change is live-able (:meth:`LiveActuator.plan`): the same method and draft
    (only ``num_speculative_tokens`` / ``num_speculative_tokens_per_batch_size`` differ), every K of
    the resulting table ≤ the engine's K_max and one the engine can run, the channel reachable and
-   answering "supported" (tested vLLM version, engine started with a table);
+   answering "supported" (every live-K internal detected in its vLLM, engine started with a table);
 2. if so, sets the table, checks the read-back, and verifies in the per-step stream (the plugin's
    steps, via :class:`collectors.step_ingest.StepFeed`) that steps now draft the new K for their batch
    size; a change the stream contradicts is undone and the engine is marked as not live-capable;
