@@ -33,7 +33,7 @@ from scipy import stats
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.research.positional import PositionalModel, PositionData  # noqa: E402
+from policies.positional import PositionalModel, PositionData  # noqa: E402
 from bench.research.simulate import accepted_per_draft, counters_from_accepted, simulate_evidence  # noqa: E402
 from policies.acceptance import AcceptanceEvidence, IntervalMethod, alpha_interval  # noqa: E402
 from policies.acceptance_model import ConstantAlphaModel  # noqa: E402

@@ -1,4 +1,5 @@
-"""Test tiers by directory: tests/unit -> unit, tests/integration -> integration, tests/live -> live.
+"""Test tiers by directory: tests/unit -> unit, tests/integration -> integration, tests/live -> live,
+tests/gpu -> gpu (skipped unless asked for on a CUDA machine: tests/gpu/conftest.py).
 
 Live tests share one lab engine per session (fixtures in ``tests/live/conftest.py``).
 """
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-_TIERS = {"unit", "integration", "live"}
+_TIERS = {"unit", "integration", "live", "gpu"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

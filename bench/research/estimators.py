@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import replace
 
-from bench.research.dispersion import estimate_dispersion
-from bench.research.positional import PositionData
+from policies.dispersion import estimate_dispersion
+from policies.positional import PositionData
 from policies.acceptance import (
     AcceptanceEvidence,
     AlphaEstimate,

@@ -22,8 +22,8 @@ from typing import Any
 import httpx
 import pytest
 
-from bench.research.dispersion import estimate_dispersion
-from bench.research.positional import PositionalModel, PositionData, check_constant_alpha
+from policies.dispersion import estimate_dispersion
+from policies.positional import PositionalModel, PositionData, check_constant_alpha
 from collectors.exposition import parse_metrics_page
 from policies.acceptance import AlphaReason, estimate_alpha
 from policies.counters import SpecCounters
