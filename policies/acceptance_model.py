@@ -1,9 +1,10 @@
 """What a K-choice needs from acceptance: E(K) with an interval, for any K.
 
 Purely computational. Two implementations: :class:`ConstantAlphaModel` (the i.i.d. model, E(α, K) with
-α's interval mapped through the monotone E) here, and ``policies.positional.PositionalModel`` (per-position
-conditional acceptance with a fitted decay beyond the observed K). :func:`choose_acceptance_model` picks
-between them for a speculative method and its per-position evidence.
+α's interval mapped through the monotone E) here, and ``policies.positional.PositionalModel``
+(per-position conditional acceptance with a fitted decay beyond the observed K).
+:func:`choose_acceptance_model` picks between them for a speculative method and its per-position
+evidence; the controller uses it for head methods (EAGLE, EAGLE-3, MTP), one α for the rest.
 """
 
 from __future__ import annotations
@@ -46,12 +47,6 @@ class ConstantAlphaModel:
     def exact(cls, alpha: float) -> ConstantAlphaModel:
         """A known α (no uncertainty): what ``spectuner recommend --alpha`` means."""
         return cls(alpha, alpha, alpha)
-
-    @classmethod
-    def from_estimate(cls, estimate: AlphaEstimate) -> ConstantAlphaModel:
-        if estimate.alpha is None or estimate.alpha_ci is None:
-            raise ValueError(f"no α to model acceptance with: {estimate.message}")
-        return cls(estimate.alpha, estimate.alpha_ci[0], estimate.alpha_ci[1])
 
     @classmethod
     def from_estimate(cls, estimate: AlphaEstimate) -> ConstantAlphaModel:
