@@ -33,13 +33,13 @@ from scipy import stats
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.research.positional import PositionalModel, PositionData  # noqa: E402
 from bench.research.simulate import accepted_per_draft, counters_from_accepted, simulate_evidence  # noqa: E402
 from policies.acceptance import AcceptanceEvidence, IntervalMethod, alpha_interval  # noqa: E402
 from policies.acceptance_model import ConstantAlphaModel  # noqa: E402
 from policies.change import ChangeDetectorConfig, ChangeDetectorState, update_change_detector  # noqa: E402
 from policies.choose_k import KChoiceSnapshot, choose_k  # noqa: E402
 from policies.k_table import KTableSnapshot, k_table  # noqa: E402
+from policies.positional import PositionalModel, PositionData  # noqa: E402
 from policies.step_cost import StepCostModel  # noqa: E402
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

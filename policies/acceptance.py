@@ -128,9 +128,9 @@ def evidence_from_counters(counters: SpecCounters) -> EvidenceResult:
         return EvidenceResult(
             None,
             AlphaReason.DYNAMIC_K_UNRESOLVED,
-            f"Draft tokens ({t}) are not K·drafts ({k}·{d}): K changed inside the window and "
-            "/metrics has no per-position draft counts; estimate from per-step records or "
-            "per-request histograms instead.",
+            f"Draft tokens ({t}) are not K·drafts ({k}·{d}): K changed inside the window, or the method "
+            "drafts fewer than K tokens at times (ngram, suffix), and /metrics has no per-position draft "
+            "counts; estimate from per-step records or per-request per-step arrays instead.",
         )
     full_acceptances = per_pos[k - 1]
     return EvidenceResult(AcceptanceEvidence(float(a), float(d - full_acceptances), float(d)), AlphaReason.OK, "")
@@ -299,6 +299,30 @@ def estimate_alpha(
         confidence=confidence,
         evidence=result.evidence,
     )
+
+
+def evidence_from_draft_steps(accepted: Iterable[int], drafted: Iterable[int]) -> AcceptanceEvidence:
+    """Exact (S, F) from per-verify-step pairs — vLLM's per-request ``per_step_accepted`` and
+    ``per_step_drafted`` (``--per-request-spec-decode-metrics detailed``).
+
+    A step that accepted every token it drafted is a full acceptance even when it drafted fewer than
+    K (ngram and suffix decoding propose what their lookup finds, EAGLE trees may stop early); the
+    acceptance histogram cannot tell that from a rejection at that position, per-step pairs can.
+    Steps that drafted nothing are no trials.
+    """
+    acc, drf = list(accepted), list(drafted)
+    if len(acc) != len(drf):
+        raise ValueError(f"per-step accepted ({len(acc)}) and drafted ({len(drf)}) need one entry per step")
+    successes = failures = drafts = 0
+    for a, d in zip(acc, drf, strict=True):
+        if not 0 <= a <= d:
+            raise ValueError(f"a verify step needs 0 ≤ accepted ≤ drafted but got {a} of {d}")
+        if d == 0:
+            continue
+        drafts += 1
+        successes += a
+        failures += a < d
+    return AcceptanceEvidence(float(successes), float(failures), float(drafts))
 
 
 def estimate_alpha_from_evidence(

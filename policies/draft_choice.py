@@ -33,7 +33,7 @@ from policies.acceptance_model import ConstantAlphaModel
 from policies.choose_k import KChoiceSnapshot, KDecision, choose_k, evaluate_k
 from policies.counters import SpecCounters
 from policies.memory import FREE_METHODS, DraftFootprint, MemoryBudget, weight_bytes
-from policies.spec_config import OFF, RESERVED_KEYS, KRow, SpecConfig
+from policies.spec_config import OFF, RESERVED_KEYS, KRow, SpecConfig, is_mtp_method
 from policies.speedup import check_alpha
 from policies.step_cost import StepCostModel
 
@@ -61,7 +61,7 @@ class DraftCandidate:
         if not self.name:
             raise ValueError("a draft candidate needs a name")
         check_alpha(self.prior_alpha)
-        if self.method not in FREE_METHODS and not self.path:
+        if self.method not in FREE_METHODS and not self.path and not self.in_target:
             raise ValueError(f"draft candidate {self.name!r} ({self.method}) needs a model path")
         if self.params < 0 or self.kv_bytes_per_token < 0:
             raise ValueError(f"draft candidate {self.name!r}: params and KV bytes cannot be negative")
@@ -71,6 +71,12 @@ class DraftCandidate:
     @property
     def free(self) -> bool:
         return self.method in FREE_METHODS
+
+    @property
+    def in_target(self) -> bool:
+        """MTP: the draft modules ship inside the target's checkpoint (no path of their own, not free:
+        size them with ``policies.memory.mtp_footprint`` into ``params`` / ``kv_bytes_per_token``)."""
+        return is_mtp_method(self.method)
 
     def footprint(self) -> DraftFootprint:
         if self.free:

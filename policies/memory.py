@@ -6,7 +6,13 @@ Purely computational: takes an already-parsed ``config.json`` dict, never opens 
 - KV bytes per token = layers × 2 (K and V) × KV heads × head dim × bytes per element;
 - each running sequence holds its context in the draft's KV cache too, and reserves K lookahead
   slots (target + draft KV) for the tokens being verified;
-- ngram and suffix speculation load no model and keep no KV: they cost nothing.
+- ngram (CPU or GPU) and suffix speculation load no model and keep no KV on the GPU: they cost
+  nothing here (suffix decoding's suffix trees live in host memory, which this model does not budget);
+- EAGLE and EAGLE-3 heads are draft checkpoints of one (or a few) decoder layers: their config.json
+  and tensors give the footprint like any draft (the target's embedding and LM head, when shared, are
+  not in the checkpoint and cost nothing extra);
+- MTP modules ship inside the target checkpoint: :func:`mtp_footprint` sizes them from the target's
+  config (``num_nextn_predict_layers`` modules, each taken as one decoder layer).
 
 The budget is extra bytes speculation may use, and/or a minimum KV concurrency (how many sequences
 of ``tokens_per_seq`` tokens the KV pool must still hold, as vLLM's "maximum concurrency" line
@@ -44,7 +50,7 @@ DTYPE_BYTES: dict[str, float] = {
     "nvfp4": 0.5,
 }
 
-FREE_METHODS = frozenset({"ngram", "suffix"})
+FREE_METHODS = frozenset({"ngram", "ngram_gpu", "suffix"})
 
 
 def dtype_bytes(dtype: str) -> float:
@@ -72,7 +78,8 @@ def _positive_int(config: Mapping[str, Any], what: str, *names: str) -> int:
 
 
 def kv_bytes_per_token(config: Mapping[str, Any], kv_cache_dtype: str | None = None) -> int:
-    """layers × 2 × KV heads × head dim × bytes, from a parsed Hugging Face ``config.json``.
+    """layers × 2 × KV heads × head dim × bytes, from a parsed Hugging Face ``config.json``
+    (multi-head latent attention: layers × (kv_lora_rank + qk_rope_head_dim) × bytes).
 
     ``kv_cache_dtype`` overrides the model dtype (vLLM ``--kv-cache-dtype fp8``). Multimodal configs
     keep the language model under ``text_config``; it is used when the top level has no layers.
@@ -86,6 +93,15 @@ def kv_bytes_per_token(config: Mapping[str, Any], kv_cache_dtype: str | None = N
         config = dict(config["text_config"])
         config.setdefault("torch_dtype", outer_dtype)
     layers = _positive_int(config, "number of layers", "num_hidden_layers", "n_layer", "num_layers")
+    dtype = kv_cache_dtype if kv_cache_dtype not in (None, "auto") else _first(config, "torch_dtype", "dtype")
+    if dtype is None:
+        raise ValueError("config.json names no dtype (torch_dtype); pass kv_cache_dtype explicitly")
+    if config.get("kv_lora_rank") is not None:
+        # Multi-head latent attention (DeepSeek V2/V3, their MTP modules): one latent vector plus the
+        # rotary key part per token and layer, no separate K and V (as vLLM's MLA cache stores it).
+        latent = _positive_int(config, "KV LoRA rank", "kv_lora_rank")
+        rope = _positive_int(config, "rotary head dim", "qk_rope_head_dim")
+        return math.ceil(layers * (latent + rope) * dtype_bytes(str(dtype)))
     heads = _positive_int(config, "number of attention heads", "num_attention_heads", "n_head")
     if config.get("multi_query") is True:
         kv_heads = 1
@@ -100,9 +116,6 @@ def kv_bytes_per_token(config: Mapping[str, Any], kv_cache_dtype: str | None = N
         if hidden % heads:
             raise ValueError(f"hidden size {hidden} is not a multiple of {heads} heads; set head_dim")
         head_dim = hidden // heads
-    dtype = kv_cache_dtype if kv_cache_dtype not in (None, "auto") else _first(config, "torch_dtype", "dtype")
-    if dtype is None:
-        raise ValueError("config.json names no dtype (torch_dtype); pass kv_cache_dtype explicitly")
     return math.ceil(layers * 2 * kv_heads * head_dim * dtype_bytes(str(dtype)))
 
 
@@ -227,4 +240,36 @@ def check_memory(draft: DraftFootprint, k: int, running_seqs: int, budget: Memor
         f"{draft.method} at K = {k} fits ({extra / 2**20:.1f} MiB).",
         extra,
         concurrency,
+    )
+
+
+def mtp_footprint(
+    target_config: Mapping[str, Any],
+    target_params: int,
+    dtype: str | None = None,
+    kv_cache_dtype: str | None = None,
+) -> DraftFootprint:
+    """MTP speculation (``method = "mtp"`` or a ``*_mtp`` model type): the target's own
+    ``num_nextn_predict_layers`` modules (1 when absent), each sized as one decoder layer: weights
+    ``target_params / num_hidden_layers`` per module (embedding and LM head spread over the layers,
+    so an overestimate: safe for a budget), KV one layer's worth per module.
+    """
+    cfg = target_config
+    if _first(cfg, "num_hidden_layers", "n_layer", "num_layers") is None and isinstance(
+        cfg.get("text_config"), Mapping
+    ):
+        cfg = cfg["text_config"]
+    layers = _positive_int(cfg, "number of layers", "num_hidden_layers", "n_layer", "num_layers")
+    found = _first(cfg, "num_nextn_predict_layers", "mtp_num_hidden_layers")
+    modules = 1 if found is None else found
+    if isinstance(modules, bool) or not isinstance(modules, int) or modules <= 0:
+        raise ValueError(f"config.json num_nextn_predict_layers must be a positive integer but got {modules!r}")
+    name = dtype if dtype is not None else _first(target_config, "torch_dtype", "dtype") or _first(cfg, "torch_dtype")
+    if name is None:
+        raise ValueError("the target's dtype is unknown: config.json has no torch_dtype; pass dtype")
+    per_layer_kv = kv_bytes_per_token(target_config, kv_cache_dtype) / layers
+    return DraftFootprint(
+        "mtp",
+        weight_bytes(math.ceil(target_params * modules / layers), str(name)),
+        math.ceil(per_layer_kv * modules),
     )

@@ -39,6 +39,12 @@ class ChangeKind(StrEnum):
     K_CHANGED = "k_changed"  # only K or the per-batch-size table changes
 
 
+def is_mtp_method(method: object) -> bool:
+    """Multi-token prediction: the draft is the target's own next-token modules (vLLM folds the
+    ``*_mtp`` aliases into ``mtp``)."""
+    return isinstance(method, str) and (method == "mtp" or method.endswith("_mtp"))
+
+
 def method_drafts_at_k0(method: object) -> bool:
     """Does a K = 0 step under this speculative method still run a draft pass?"""
     return isinstance(method, str) and (method in _DRAFT_PASS_METHODS or method.endswith("_mtp"))
@@ -230,6 +236,7 @@ __all__ = [
     "KRow",
     "SpecConfig",
     "change_kind",
+    "is_mtp_method",
     "k_at",
     "method_drafts_at_k0",
 ]

@@ -1,5 +1,6 @@
-"""Test tiers by directory: tests/unit -> unit, tests/integration -> integration, tests/live -> live;
-tests/research (the research code in bench/research, pure and fast) -> unit.
+"""Test tiers by directory: tests/unit -> unit, tests/integration -> integration, tests/live -> live,
+tests/gpu -> gpu (skipped unless asked for on a CUDA machine: tests/gpu/conftest.py); tests/research
+(the research code in bench/research, pure and fast) -> unit.
 
 Shared test doubles (the fake clock, decision contexts) live in ``tests/fakes.py``.
 
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-_TIERS = {"unit": "unit", "integration": "integration", "live": "live", "research": "unit"}
+_TIERS = {"unit": "unit", "integration": "integration", "live": "live", "gpu": "gpu", "research": "unit"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

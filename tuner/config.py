@@ -243,7 +243,7 @@ class DraftCandidateSection(_Section):
     """A draft the controller may swap to (``[[drafts]]``)."""
 
     name: str = Field(min_length=1, max_length=64)
-    method: Literal["draft_model", "eagle", "eagle3", "ngram", "suffix"] = "draft_model"
+    method: Literal["draft_model", "eagle", "eagle3", "mtp", "ngram", "ngram_gpu", "suffix"] = "draft_model"
     model: str | None = Field(default=None, description="draft path or name (not for ngram/suffix)")
     num_params: int | None = Field(default=None, ge=0, description="parameters (weights memory, cost ratio)")
     dtype: str | None = Field(default=None, description="weights dtype; default: the draft's config.json")
@@ -256,8 +256,11 @@ class DraftCandidateSection(_Section):
     def _model_needed(self) -> DraftCandidateSection:
         if self.method in ("draft_model", "eagle", "eagle3") and not self.model:
             raise ValueError(f'draft {self.name!r} ({self.method}) needs a model: set model = "/path/to/draft"')
-        if self.method in ("ngram", "suffix") and self.model:
-            raise ValueError(f"draft {self.name!r}: {self.method} loads no model; remove model")
+        if self.method in ("ngram", "ngram_gpu", "suffix", "mtp") and self.model:
+            raise ValueError(
+                f"draft {self.name!r}: {self.method} loads no model of its own (MTP's modules are the target's); "
+                "remove model"
+            )
         return self
 
 

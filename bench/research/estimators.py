@@ -15,8 +15,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import replace
 
-from bench.research.dispersion import estimate_dispersion
-from bench.research.positional import PositionData
 from policies.acceptance import (
     AcceptanceEvidence,
     AlphaEstimate,
@@ -27,6 +25,8 @@ from policies.acceptance import (
     evidence_from_counters,
 )
 from policies.counters import SpecCounters
+from policies.dispersion import estimate_dispersion
+from policies.positional import PositionData
 
 
 def counters_from_histogram(histogram: Iterable[int]) -> SpecCounters:

@@ -22,11 +22,11 @@ from typing import Any
 import httpx
 import pytest
 
-from bench.research.dispersion import estimate_dispersion
-from bench.research.positional import PositionalModel, PositionData, check_constant_alpha
 from collectors.exposition import parse_metrics_page
 from policies.acceptance import AlphaReason, estimate_alpha
 from policies.counters import SpecCounters
+from policies.dispersion import estimate_dispersion
+from policies.positional import PositionalModel, PositionData, check_constant_alpha
 from tuner.lab.load import run_load
 from tuner.lab.prompts import HARD, PREDICTABLE
 

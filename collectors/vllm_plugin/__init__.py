@@ -9,7 +9,8 @@ Two entry points, both inert unless their environment variables are set (see ``d
 - ``vllm.general_plugins`` → :func:`collectors.vllm_plugin.control.register` (every vLLM process;
   acts only where a scheduler is built, i.e. the engine core): a token-authenticated control channel
   on loopback or a Unix socket (``SPECTUNER_CONTROL_ADDR``) that replaces the per-batch-size K table
-  of the running scheduler ("live K"), version-gated, answering "unsupported" otherwise.
+  of the running scheduler ("live K"), gated by feature detection (``features``), answering
+  "unsupported" with the reason otherwise.
 
 This ``__init__`` imports nothing from vLLM: the sidecar imports the protocol and client modules.
 """

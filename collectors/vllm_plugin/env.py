@@ -12,7 +12,6 @@ TOKEN_FILE = "SPECTUNER_PLUGIN_TOKEN_FILE"  # or a file holding it (keeps it out
 QUEUE_MAX = "SPECTUNER_PLUGIN_QUEUE_MAX"  # step records held while the sidecar is slow (default 20000)
 BATCH_MAX = "SPECTUNER_PLUGIN_BATCH_MAX"  # records per POST (default 512)
 FLUSH_S = "SPECTUNER_PLUGIN_FLUSH_S"  # seconds between POSTs while steps arrive (default 0.25)
-ALLOW_UNTESTED = "SPECTUNER_LIVE_K_ALLOW_UNTESTED"  # "1": try live K on an untested vLLM version
 
 
 def read_token(environ: dict[str, str] | None = None) -> str | None:

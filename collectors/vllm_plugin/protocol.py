@@ -83,6 +83,9 @@ class ControlState:
     refused: int = 0  # requests refused for a wrong token
     engine_index: int = 0
     pid: int = field(default_factory=os.getpid)
+    # The plugin's detected features (collectors.vllm_plugin.features names → present); {} from an
+    # older plugin. "k_table" False: the engine cannot take num_speculative_tokens_per_batch_size.
+    features: dict[str, bool] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

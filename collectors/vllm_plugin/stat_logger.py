@@ -3,7 +3,9 @@ process. vLLM calls :meth:`SpectunerStatLogger.record` once per engine step with
 ``SchedulerStats`` (which carries ``SpecDecodingStats``) and ``IterationStats``; we turn them into one
 wire record (``collectors.vllm_plugin.wire``) and hand it to the :class:`Shipper`.
 
-Inert unless ``SPECTUNER_INGEST_URL`` is set. ``record`` never raises (an exception there would
+Inert unless ``SPECTUNER_INGEST_URL`` is set, and inert (one log line) when this vLLM lacks a field
+the record is built from (``collectors.vllm_plugin.features``: detected once, at start). ``record``
+never raises (an exception there would
 end vLLM's output loop) and never blocks (the shipper's queue is bounded).
 
 Batch size and step time: with ``--enable-logging-iteration-details`` vLLM sends the scheduled
@@ -26,6 +28,7 @@ from vllm.v1.metrics.loggers import StatLoggerBase
 from vllm.v1.metrics.stats import IterationStats, MultiModalCacheStats, SchedulerStats
 
 from collectors.vllm_plugin import env
+from collectors.vllm_plugin.features import ITERATION_DETAILS, STAT_LOGGER_FEATURES, FeatureReport, runtime_report
 from collectors.vllm_plugin.shipper import Shipper
 
 # Under "vllm." so that vLLM's own log handler and level apply inside its processes.
@@ -65,17 +68,33 @@ def shared_shipper(url: str, model: str) -> Shipper:
 class SpectunerStatLogger(StatLoggerBase):
     """Per-engine stat logger that ships per-step speculation stats to the spectuner sidecar."""
 
-    def __init__(self, vllm_config: VllmConfig, engine_index: int = 0) -> None:
+    def __init__(
+        self, vllm_config: VllmConfig, engine_index: int = 0, *, features: FeatureReport | None = None
+    ) -> None:
         self.engine_index = engine_index
         self.url = os.environ.get(env.INGEST_URL, "").strip()
         self.shipper: Shipper | None = None
         self._last_busy_mono: float | None = None
         self._errors = 0
         self._last_dropped: tuple[int, int] = (0, 0)
-        spec_cfg = getattr(vllm_config, "speculative_config", None)
-        self.k_max = int(getattr(spec_cfg, "num_speculative_tokens", 0) or 0) if spec_cfg is not None else 0
+        self.use_details = False
+        self.k_max = 0
         if not self.url:
             return  # inert
+        try:  # vLLM builds loggers at engine start: nothing may raise from here
+            self._start(vllm_config, features or runtime_report(STAT_LOGGER_FEATURES))
+        except Exception:
+            self.shipper = None
+            log.exception("spectuner plugin: could not start; per-step stats are off")
+
+    def _start(self, vllm_config: VllmConfig, features: FeatureReport) -> None:
+        missing = features.reason("stat_logger_plugin", "per_step_stats")
+        if missing:
+            log.warning("spectuner plugin: %s; per-step stats are off", missing)
+            return
+        self.use_details = features.ok(ITERATION_DETAILS.name)
+        spec_cfg = getattr(vllm_config, "speculative_config", None)
+        self.k_max = int(getattr(spec_cfg, "num_speculative_tokens", 0) or 0) if spec_cfg is not None else 0
         names = getattr(vllm_config.model_config, "served_model_name", None) or "model"
         model = names[0] if isinstance(names, list | tuple) else str(names)
         try:
@@ -114,7 +133,7 @@ class SpectunerStatLogger(StatLoggerBase):
         spec = sched.spec_decoding_stats
         generated = it.num_generation_tokens if it is not None else 0
         finished = len(it.finished_requests) if it is not None else 0
-        details = sched.iteration_details
+        details = sched.iteration_details if self.use_details else None
         step_time_s: float | None
         scheduled: int | None = None
         if details is not None and not details.is_dummy:

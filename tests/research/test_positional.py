@@ -7,7 +7,6 @@ import itertools
 import numpy as np
 import pytest
 
-from bench.research.dispersion import DispersionReason, estimate_dispersion
 from bench.research.estimators import (
     counters_from_histogram,
     estimate_alpha_from_histograms,
@@ -15,10 +14,11 @@ from bench.research.estimators import (
     estimate_alpha_pooled,
 )
 from bench.research.groups import GroupReason, batch_size_bucket, estimate_by_group, prompt_length_bucket
-from bench.research.positional import FitReason, PositionalModel, PositionData, check_constant_alpha
 from bench.research.simulate import accepted_per_draft, counters_from_accepted, simulate_counters
 from policies.acceptance import AlphaReason, estimate_alpha
 from policies.counters import SpecCounters
+from policies.dispersion import DispersionReason, estimate_dispersion
+from policies.positional import FitReason, PositionalModel, PositionData, check_constant_alpha
 
 DECAY = [0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2]
 

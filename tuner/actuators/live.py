@@ -6,7 +6,7 @@ token-authenticated control channel and swaps the scheduler's per-batch-size K l
 1. decides whether the change is live-able (:meth:`LiveActuator.plan`): the same method and draft
    (only ``num_speculative_tokens`` / ``num_speculative_tokens_per_batch_size`` differ), every K of
    the resulting table ≤ the engine's K_max and one the engine can run, the channel reachable and
-   answering "supported" (tested vLLM version, engine started with a table);
+   answering "supported" (every live-K internal detected in its vLLM, engine started with a table);
 2. if so, sets the table, checks the read-back, and verifies in the per-step stream (the plugin's
    steps, via :class:`collectors.step_ingest.StepFeed`) that steps now draft the new K for their batch
    size; a change the stream contradicts is undone and the engine is marked as not live-capable;
@@ -114,6 +114,9 @@ class LiveActuator(Actuator):
         self.zero_k_evidence_steps = zero_k_evidence_steps
         # Engine processes (by pid) where a live change did not show in the stream: never again there.
         self._not_live: dict[int, str] = {}
+        # The plugin's detected features from the engine's last answer (ControlState.features): when its
+        # vLLM lacks live K's internals, restarts start exactly the requested config (no K_max + table).
+        self._engine_features: dict[str, bool] = {}
 
     # -- planning --------------------------------------------------------------------------------
     def plan(self, config: SpecConfig) -> tuple[list[list[int]] | None, ControlState | None, str]:
@@ -134,6 +137,7 @@ class LiveActuator(Actuator):
             state = self.control.get()
         except ControlError as exc:
             return None, None, f"control channel: {exc}"
+        self._engine_features = dict(state.features)
         if not state.supported:
             return None, state, f"live K unsupported by the engine: {state.reason}"
         if state.pid in self._not_live:
@@ -156,6 +160,9 @@ class LiveActuator(Actuator):
         table = effective_table(config)
         if table is None:
             return dict(config)
+        features = state.features if state is not None and state.features else self._engine_features
+        if not (features.get("k_table", True) and features.get("live_k", True)):
+            return dict(config)  # this vLLM can never change K live: start exactly what was asked
         k_max = max([self.k_max or 0, state.k_max if state else 0, *(row[2] for row in table)])
         if k_max == 0:
             return dict(config)  # vLLM needs num_speculative_tokens > 0 for a table

@@ -19,7 +19,7 @@ from typing import Any
 
 from policies.draft_choice import DraftCandidate
 from policies.memory import FREE_METHODS, kv_bytes_per_token
-from policies.spec_config import SpecConfig
+from policies.spec_config import SpecConfig, is_mtp_method
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ def current_candidate(
             return c, list(candidates)
     if spec.is_off:
         return None, list(candidates)
-    if spec.method not in FREE_METHODS and not spec.model:
+    if spec.method not in FREE_METHODS and not spec.model and not is_mtp_method(spec.method):
         return None, list(candidates)
     name = "current:" + (Path(spec.model).name if spec.model else spec.method)
     running = build_candidate(name, spec.method, spec.model, cost_ratio=default_cost_ratio)

@@ -20,9 +20,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from collectors.records import EngineKey
-from policies.acceptance import AcceptanceEvidence, AlphaEstimate, alpha_of_windows
+from policies.acceptance import AcceptanceEvidence, AlphaEstimate, alpha_of_windows, effective_counters
 from policies.counters import SpecCounters
 from policies.draft_choice import DraftCandidate, SpecWindow
+from policies.positional import PositionData
 from policies.spec_config import SpecConfig
 from policies.step_cost import StepCostModel
 from tuner.controller.candidates import current_candidate, same_draft
@@ -54,6 +55,9 @@ class DecisionContext:
     windows: int
     duration_s: float  # per engine series, summed
     generation_tokens: float
+    # per-position trials and successes of the same windows, each at the K it drafted (head methods'
+    # acceptance falls with position: policies.acceptance_model.choose_acceptance_model)
+    positions: PositionData = field(default_factory=lambda: PositionData((), ()))
     window_rates: tuple[float, ...] = ()  # one per window (the noise of a comparison)
     window_batches: tuple[float | None, ...] = ()  # aligned with window_rates (None: not scraped)
     mean_batch_size: float | None = None
@@ -251,6 +255,11 @@ def measure(
     since = min(max(now - timedelta(seconds=evidence_window_s), started), now)
     wins = windows_under(store, keys, started, since, now + timedelta(microseconds=1))
     spec, duration_s, tokens, rates, running_mean = summarize(wins)
+    positions = PositionData((), ())
+    for w in wins:
+        effective = effective_counters(w.spec) if w.spec is not None else None
+        if effective is not None:
+            positions = positions + PositionData.from_counters(effective)
     return DecisionContext(
         now=now,
         keys=tuple(keys),
@@ -260,6 +269,7 @@ def measure(
         alpha=alpha_of_windows([w.spec for w in wins if w.spec is not None], confidence),
         windows=len(wins),
         duration_s=duration_s,
+        positions=positions,
         generation_tokens=tokens,
         window_rates=rates,
         window_batches=window_batches(wins),

@@ -14,7 +14,13 @@ from enum import StrEnum
 from typing import Any
 
 from policies.acceptance import AlphaEstimate
-from policies.acceptance_model import ConstantAlphaModel
+from policies.acceptance_model import (
+    AcceptanceChoice,
+    ConstantAlphaModel,
+    ModelChoice,
+    choose_acceptance_model,
+    is_head_method,
+)
 from policies.choose_k import KChoiceSnapshot, choose_k, choose_k_over_load, failed_k_ceiling
 from policies.draft_choice import (
     CandidateScore,
@@ -95,8 +101,12 @@ def propose(ctx: DecisionContext, settings: PolicySettings) -> PolicyOutcome:
     return tuned
 
 
-def _measured(ctx: DecisionContext) -> PolicyOutcome | ConstantAlphaModel:
-    """The acceptance model of the running config — or why K cannot be tuned now."""
+def _measured(ctx: DecisionContext, settings: PolicySettings) -> PolicyOutcome | AcceptanceChoice:
+    """The acceptance model of the running config — or why K cannot be tuned now.
+
+    One α for a separate draft model or a lookup; for a head on the target's hidden states (EAGLE,
+    EAGLE-3, MTP) per-position acceptance, whose decline with position one α would overstate at a
+    larger K."""
     if not ctx.current.speculates:
         return PolicyOutcome(PolicyReason.NO_SPECULATION, "Speculation is off: there is no acceptance to measure.")
     if ctx.spec.drafts == 0:
@@ -104,7 +114,10 @@ def _measured(ctx: DecisionContext) -> PolicyOutcome | ConstantAlphaModel:
     model = alpha_model(ctx.alpha)
     if model is None:
         return PolicyOutcome(PolicyReason.NO_ESTIMATE, ctx.alpha.message)
-    return model
+    if is_head_method(ctx.current.method) and ctx.positions.observed_positions >= 1:
+        k_max = max(settings.policy.k_max, ctx.current.k or 0)
+        return choose_acceptance_model(ctx.current.method, ctx.alpha, ctx.positions, max_k=max(k_max, 1))
+    return AcceptanceChoice(model, ModelChoice.CONSTANT_ALPHA, "one α")
 
 
 def alpha_model(estimate: AlphaEstimate) -> ConstantAlphaModel | None:
@@ -117,9 +130,10 @@ def alpha_model(estimate: AlphaEstimate) -> ConstantAlphaModel | None:
 
 def propose_k(ctx: DecisionContext, settings: PolicySettings) -> PolicyOutcome:
     """One K for the running draft, scored over the load profile, below what failed lately."""
-    model = _measured(ctx)
-    if isinstance(model, PolicyOutcome):
-        return model
+    choice = _measured(ctx, settings)
+    if isinstance(choice, PolicyOutcome):
+        return choice
+    model = choice.model
     p = settings.policy
     k_now = ctx.current.k or 0
     k_max = max(p.k_max, k_now)  # never below the current K, so its goodput is comparable
@@ -171,9 +185,10 @@ def propose_k(ctx: DecisionContext, settings: PolicySettings) -> PolicyOutcome:
 def propose_k_table(ctx: DecisionContext, settings: PolicySettings) -> PolicyOutcome:
     """The best K for every batch size 1..max_batch_size; the gain is judged on the load profile seen
     in the evidence window (each window's requests running, weighted by its duration)."""
-    model = _measured(ctx)
-    if isinstance(model, PolicyOutcome):
-        return model
+    choice = _measured(ctx, settings)
+    if isinstance(choice, PolicyOutcome):
+        return choice
+    model = choice.model
     p = settings.policy
     k_engine = max(ctx.current.k or 0, p.k_max)
     # a table's K = 0 keeps the draft loaded: with a draft model each step still runs its catch-up pass
@@ -200,6 +215,8 @@ def propose_k_table(ctx: DecisionContext, settings: PolicySettings) -> PolicyOut
         "table_reason": table.reason.value,
         "current_table": [list(r) for r in old_rows],
     }
+    if choice.choice is not ModelChoice.CONSTANT_ALPHA:
+        details["acceptance_model"] = {"choice": choice.choice.value, "message": choice.message}
     if new_rows == old_rows and ctx.current.k_table is not None:
         return PolicyOutcome(
             PolicyReason.KEEP, f"The per-batch-size table is already the best. {table.message}", details=details

@@ -15,7 +15,7 @@ from enum import StrEnum
 
 import numpy as np
 
-from bench.research.positional import PositionData
+from policies.positional import PositionData
 
 
 class DispersionReason(StrEnum):

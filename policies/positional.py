@@ -127,7 +127,7 @@ class ConstantAlphaCheck:
 def check_constant_alpha(data: PositionData, significance: float = 0.01, dispersion: float = 1.0) -> ConstantAlphaCheck:
     """Does one α explain every position? Purely computational.
 
-    ``dispersion`` (≥ 1, see ``bench.research.dispersion``) divides G²: correlated tokens inflate the
+    ``dispersion`` (≥ 1, see ``policies.dispersion``) divides G²: correlated tokens inflate the
     statistic and would reject everything on a large sample otherwise.
     """
     if not 0 < significance < 1:
