@@ -166,6 +166,14 @@ def test_pause_apply_resume_status_history(seeded: tuple[str, Store, datetime], 
     assert ctl.decide(datetime.now(UTC)).reason == "override_waiting"
     assert ctl.actuator.applied == []  # type: ignore[attr-defined]
 
+    # status while K = 3 is in force: α̂ over its windows (the controller's estimate)
+    w = via("status", "--db", url, "--window-s", "600")["engines"][0]["window"]
+    assert w["windows"] == 30 and w["drafts"] == 6000 and w["accepted_tokens"] == 11700
+    assert w["draft_acceptance_rate"] == pytest.approx(11700 / 18000)
+    assert w["mean_acceptance_length"] == pytest.approx(1 + 11700 / 6000)
+    assert w["alpha"] == pytest.approx(11700 / (11700 + 6000 - 3060))  # A / (A + D − a_{K−1})
+    assert w["alpha_ci"][0] < w["alpha"] < w["alpha_ci"][1]
+
     # resume: lifts the pause (status lifted), audited; the next tick applies the override
     resumed = run_json("resume", "--db", url, user="carol")
     assert resumed["by"] == "carol" and [p["audit_id"] for p in resumed["lifted"]] == [paused["audit_id"]]
@@ -175,7 +183,8 @@ def test_pause_apply_resume_status_history(seeded: tuple[str, Store, datetime], 
     assert result.action == "applied", result
     assert ctl.actuator.applied == [new]  # type: ignore[attr-defined]
 
-    # status: the new config with who applied it, α̂ over the window, nothing paused or waiting
+    # status: the new config with who applied it, nothing paused or waiting; α̂ is the config in force's,
+    # which has no window yet (the old draft's windows still count for throughput)
     status = via("status", "--db", url, "--window-s", "600")
     assert status["paused"] is False and status["pending_overrides"] == []
     (engine,) = status["engines"]
@@ -184,11 +193,8 @@ def test_pause_apply_resume_status_history(seeded: tuple[str, Store, datetime], 
     assert (cfg["method"], cfg["num_spec_tokens"], cfg["applied_by"], cfg["by"]) == ("ngram", 4, "manual", "bob")
     assert cfg["k_table"] == [[1, 4, 4], [5, 16, 1]]
     w = engine["window"]
-    assert w["windows"] == 30 and w["drafts"] == 6000 and w["accepted_tokens"] == 11700
-    assert w["draft_acceptance_rate"] == pytest.approx(11700 / 18000)
-    assert w["mean_acceptance_length"] == pytest.approx(1 + 11700 / 6000)
-    assert w["alpha"] == pytest.approx(11700 / (11700 + 6000 - 3060))  # A / (A + D − a_{K−1})
-    assert w["alpha_ci"][0] < w["alpha"] < w["alpha_ci"][1]
+    assert w["windows"] == 30 and w["drafts"] == 0 and w["alpha"] is None and w["alpha_reason"] == "no_drafts"
+    assert w["alpha_since"] == cfg["since"]
     assert w["throughput_tokens_per_s"] == pytest.approx(100.0)
     assert engine["events"]["warning"] == 1 and engine["events"]["critical"] == 0
     assert engine["last_decision"]["id"] == wrote["audit_id"] and engine["last_decision"]["by"] == "bob"

@@ -3,7 +3,7 @@
 Start-up is lazy: a command's module (and with it sqlalchemy, scipy, vLLM...) is imported only when
 that command runs. ``spectuner --help`` lists the commands from ``_HELP`` without importing any of
 them. A module in ``_COMMAND_MODULES`` without a ``_HELP`` entry still works; it is imported at start
-(slower ``--help``). ``tests/unit/test_admin_cli_unit.py`` checks ``_HELP`` against the real commands.
+(slower ``--help``). ``tests/unit/tuner/cli/test_admin.py`` checks ``_HELP`` against the real commands.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ _COMMAND_MODULES = (
 )
 
 # module -> {command name: the first paragraph of its help}, so that --help imports nothing heavy.
-# Changed a command's docstring? Change its line here too (tests/unit/test_admin_cli_unit.py checks).
+# Changed a command's docstring? Change its line here too (tests/unit/tuner/cli/test_admin.py checks).
 _HELP: dict[str, dict[str, str]] = {
     "tuner.cli.status": {
         "status": "Per engine series: the config in force, α̂ and throughput over the last window, "

@@ -53,7 +53,8 @@ def status(
     now = datetime.now(UTC)
     try:
         with store:
-            data = gather(store, now, window_s, events_window_s, url_filter)
+            confidence = cfg.policy.confidence if cfg is not None else 0.95  # the controller's, when configured
+            data = gather(store, now, window_s, events_window_s, url_filter, confidence)
     except SQLAlchemyError as exc:
         fail_runtime(f"cannot read the database {store!r}: {db_error_detail(exc)}")
     if engine is not None and not data["engines"]:
@@ -76,7 +77,9 @@ def _engine_url(text: str | None) -> str | None:
         fail_usage(f"--engine: {exc}")
 
 
-def gather(store: Any, now: datetime, window_s: float, events_window_s: float, url: str | None) -> dict[str, Any]:
+def gather(
+    store: Any, now: datetime, window_s: float, events_window_s: float, url: str | None, confidence: float = 0.95
+) -> dict[str, Any]:
     """The status document (the ``--json`` output)."""
     from policies.acceptance import alpha_of_windows
     from tuner.controller import manual
@@ -103,8 +106,17 @@ def gather(store: Any, now: datetime, window_s: float, events_window_s: float, u
         latest = store.latest_window(key)
         until = now + timedelta(microseconds=1)
         totals = store.window_totals(key, since, until)
-        # α̂ as the controller computes it (each window read at the K it drafted, pooled)
-        est = alpha_of_windows([w.spec for w in store.windows(key, since, until) if w.spec is not None])
+        # α̂ as the controller and the exporters read it: the config in force's windows within the
+        # window, each read at the K it drafted (a swap must not pool two drafts' acceptance)
+        started = current.config.started_at if current is not None else None
+        est = alpha_of_windows(
+            [
+                w.spec
+                for w in store.windows(key, since, until)
+                if w.spec is not None and (started is None or w.start >= started)
+            ],
+            confidence,
+        )
         last = store.decisions(key=key, limit=1, newest_first=True)
         severities = Counter(e.severity for e in store.events(events_since, None, key=key))
         engines.append(
@@ -126,6 +138,7 @@ def gather(store: Any, now: datetime, window_s: float, events_window_s: float, u
                     "resets": totals.resets,
                     **est.to_dict(),
                     "alpha_reason": est.reason.value,
+                    "alpha_since": iso(max(since, started)) if started is not None else iso(since),
                 },
                 "pending": [_decision(d) for d in in_flight if d.decision.engine in (None, key)],
                 "last_decision": _decision(last[0]) if last else None,
