@@ -165,6 +165,8 @@ def propose_k(ctx: DecisionContext, settings: PolicySettings) -> PolicyOutcome:
         "alpha_ci": list(ctx.alpha.alpha_ci or ()),
         "batch_size": batch,
     }
+    if choice.choice is not ModelChoice.CONSTANT_ALPHA:
+        details["acceptance_model"] = {"choice": choice.choice.value, "message": choice.message}
     if bins:
         details["load_bins"] = [[round(s, 1), round(b, 2)] for s, b in bins]
     details["k_reason"] = decision.reason.value
