@@ -24,6 +24,7 @@ _COMMAND_MODULES = (
     "tuner.cli.apply",
     "tuner.cli.pause",
     "tuner.cli.drafts",
+    "tuner.cli.shadow",
     "tuner.cli.estimate",
     "tuner.cli.recommend",
     "tuner.cli.collect",
@@ -55,6 +56,9 @@ _HELP: dict[str, dict[str, str]] = {
         "resume": "Lift every pause in force; the controller acts again on its next tick.",
     },
     "tuner.cli.drafts": {"drafts": "The registry of draft candidates (list, add, remove; audited)."},
+    "tuner.cli.shadow": {
+        "shadow": "Measure draft candidates on recorded traffic without loading them (run, forget)."
+    },
     "tuner.cli.estimate": {
         "estimate": "Estimate α (per-token acceptance of the draft) from one /metrics dump (totals since the "
         "engine started) or two (what happened between them)."
