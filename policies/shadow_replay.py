@@ -21,7 +21,7 @@ step's drafted count is cut to what can still be checked against it (vLLM would 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from policies.acceptance import AcceptanceEvidence, evidence_from_draft_steps
@@ -139,3 +139,15 @@ def steps_from_predictions(output: Sequence[int], predicted: Sequence[int], k: i
         drafted.append(width)
         p += n + 1
     return ReplayResult(tuple(accepted), tuple(drafted), 1, len(output))
+
+
+def with_shadow(
+    history: Mapping[str, AcceptanceEvidence], shadow: Mapping[str, AcceptanceEvidence]
+) -> dict[str, AcceptanceEvidence]:
+    """Serving history plus shadow evidence, per candidate: both are Bernoulli evidence of the same
+    draft's acceptance on this target's traffic, so their likelihoods add (a candidate never served
+    is ranked on its shadow evidence instead of its prior alone)."""
+    out = dict(history)
+    for name, ev in shadow.items():
+        out[name] = out[name] + ev if name in out else ev
+    return out

@@ -122,6 +122,10 @@ def evaluate_draft_model(samples: Sequence[TrafficSample], model_dir: Path, k: i
         raise ShadowInputError(
             f"draft-model shadow evaluation needs torch and transformers: pip install 'spectuner[shadow]' ({exc})"
         ) from exc
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # the CLI's --json output is one document
+    hf_logging.set_verbosity_error()
     torch.set_num_threads(threads)
     try:
         model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)

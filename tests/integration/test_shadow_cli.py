@@ -117,3 +117,23 @@ def test_heads_need_a_canary_and_forget_deletes_the_record(db_url: str, samples:
     assert run_json("shadow", "forget", "--samples", str(samples)) == {"deleted_samples": 2, "directory": str(samples)}
     code, out = run("shadow", "run", "--samples", str(samples), "--target", str(target), "--db", db_url)
     assert code == 2 and "no recorded samples" in out
+
+
+def test_the_newest_result_per_candidate_within_the_horizon_is_the_evidence(db_url: str) -> None:
+    from policies.acceptance import AcceptanceEvidence
+    from tuner.store import Store
+    from tuner.store.shadow import ShadowResult, latest_shadow_results, shadow_evidence, write_shadow_result
+
+    def result(name: str, at: datetime, s: float) -> ShadowResult:
+        ev = AcceptanceEvidence(s, 10.0, 10.0)
+        return ShadowResult(name, "ngram", None, at, 5, 100, 3, ev, s / (s + 10), (0.1, 0.9), False, "not_needed")
+
+    with Store(db_url) as store:
+        write_shadow_result(store, result("a", T0, 10.0))
+        write_shadow_result(store, result("a", T0 + timedelta(hours=1), 30.0))
+        write_shadow_result(store, result("b", T0 - timedelta(days=2), 50.0))
+        latest = latest_shadow_results(store)
+        assert latest["a"].evidence.successes == 30.0 and latest["a"].alpha_ci == (0.1, 0.9)
+        assert latest["a"].computed_at == T0 + timedelta(hours=1)
+        got = shadow_evidence(store, T0 - timedelta(days=1), ["a", "b", "c"])
+        assert got == {"a": AcceptanceEvidence(30.0, 10.0, 10.0)}  # b is too old, c never measured

@@ -86,7 +86,7 @@ def list_cmd(
             else None
         )
     # Ranked: measured α̂ first (highest first), then the unmeasured in registry order.
-    rows.sort(key=lambda r: (0, -r["measured"]["alpha"]) if r["measured"] and r["measured"]["alpha"] is not None else (1, 0))
+    rows.sort(key=_rank)
     result: dict[str, Any] = {"drafts": rows}
     if as_json:
         print_json(result)
@@ -115,6 +115,11 @@ def list_cmd(
             _measured_text(r["measured"]), source,
         )
     out_console.print(table)
+
+
+def _rank(row: dict[str, Any]) -> tuple[int, float]:
+    measured = row["measured"]
+    return (0, -measured["alpha"]) if measured and measured["alpha"] is not None else (1, 0.0)
 
 
 def _measured_text(m: dict[str, Any] | None) -> str:

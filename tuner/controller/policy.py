@@ -35,6 +35,7 @@ from policies.draft_choice import (
 )
 from policies.k_table import KTableSnapshot, k_table, table_gain_over_load
 from policies.memory import DraftFootprint
+from policies.shadow_replay import with_shadow
 from policies.spec_config import OFF, KRow, SpecConfig, method_drafts_at_k0
 from policies.step_cost import StepCostModel
 from tuner.controller.context import DecisionContext
@@ -274,7 +275,7 @@ def propose_swap(ctx: DecisionContext, settings: PolicySettings) -> PolicyOutcom
             current_k=k_now,
             windows=ctx.trigger_windows,
             candidates=allowed,
-            history=ctx.history,
+            history=with_shadow(ctx.history, ctx.shadow),
             batch_size=batch,
             k_max=p.k_max,
             step_cost=step_cost,

@@ -3,6 +3,7 @@ each candidate for the draft list, the status and the controller's draft choice.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -111,3 +112,9 @@ def _from_row(row: Any) -> ShadowResult:
         tokenizer_check=row["tokenizer_check"],
         details=dict(row["details"] or {}),
     )
+
+
+def shadow_evidence(store: Store, since: datetime, names: Sequence[str]) -> dict[str, AcceptanceEvidence]:
+    """Per candidate in ``names``, the α evidence of its newest shadow result computed since ``since``."""
+    wanted = set(names)
+    return {n: r.evidence for n, r in latest_shadow_results(store, since).items() if n in wanted}

@@ -257,3 +257,13 @@ def test_an_mtp_engine_is_a_running_candidate_without_a_draft_path() -> None:
     ctx = make_context(SpecConfig("mtp", None, 2), [iid_counters(0.8, 2, 300) for _ in range(10)])
     assert ctx.running is not None and ctx.running.method == "mtp" and ctx.running.path is None
     assert not ctx.running.free and ctx.running.in_target
+
+
+def test_shadow_evidence_ranks_a_candidate_that_was_never_served() -> None:
+    # No serving history at all: shadow replay measured "good" at 0.2 over 20 000 tokens, so medium wins;
+    # without the shadow evidence good's optimistic prior would.
+    shadow = {"good": AcceptanceEvidence(successes=4000.0, failures=16000.0, drafts=16000.0)}
+    ctx = evidence(WEAK_SPEC, 0.25)
+    assert propose(ctx, SETTINGS).target.model == "/models/good"  # type: ignore[union-attr]
+    out = propose(replace(ctx, shadow=shadow), SETTINGS)
+    assert out.target is not None and out.target.model == "/models/medium"
