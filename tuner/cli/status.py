@@ -37,6 +37,9 @@ def status(
     ),
     window_s: float = typer.Option(300.0, "--window-s", help="Seconds of windows behind α̂ and throughput."),
     events_window_s: float = typer.Option(86400.0, "--events-window-s", help="Seconds of events to count."),
+    length_window_s: float = typer.Option(
+        3600.0, "--length-window-s", help="Seconds of per-request records behind α by context length."
+    ),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """Per engine series: the config in force, α̂ and throughput over the last window, pause, pending
@@ -45,6 +48,8 @@ def status(
         fail_usage(f"--window-s must be positive but got {window_s}")
     if not events_window_s > 0:
         fail_usage(f"--events-window-s must be positive but got {events_window_s}")
+    if not length_window_s > 0:
+        fail_usage(f"--length-window-s must be positive but got {length_window_s}")
     from sqlalchemy.exc import SQLAlchemyError
 
     cfg = load_config_or_exit(config)
@@ -54,7 +59,7 @@ def status(
     try:
         with store:
             confidence = cfg.policy.confidence if cfg is not None else 0.95  # the controller's, when configured
-            data = gather(store, now, window_s, events_window_s, url_filter, confidence)
+            data = gather(store, now, window_s, events_window_s, url_filter, confidence, length_window_s)
     except SQLAlchemyError as exc:
         fail_runtime(f"cannot read the database {store!r}: {db_error_detail(exc)}")
     if engine is not None and not data["engines"]:
@@ -78,7 +83,13 @@ def _engine_url(text: str | None) -> str | None:
 
 
 def gather(
-    store: Any, now: datetime, window_s: float, events_window_s: float, url: str | None, confidence: float = 0.95
+    store: Any,
+    now: datetime,
+    window_s: float,
+    events_window_s: float,
+    url: str | None,
+    confidence: float = 0.95,
+    length_window_s: float = 3600.0,
 ) -> dict[str, Any]:
     """The status document (the ``--json`` output)."""
     from policies.acceptance import alpha_of_windows
@@ -146,6 +157,10 @@ def gather(
                     "since": iso(events_since),
                     **{s: severities.get(s, 0) for s in ("info", "warning", "critical")},
                 },
+                "by_context_length": {
+                    "window_s": length_window_s,
+                    **context_length_view(store, key, current, now, length_window_s, confidence).to_dict(),
+                },
             }
         )
     return {
@@ -158,6 +173,37 @@ def gather(
         "pending_overrides": [_decision(d) for d in overrides],
         "engines": engines,
     }
+
+
+def context_length_view(
+    store: Any, key: Any, current: Any, now: datetime, window_s: float, confidence: float
+) -> Any:
+    """α by context length over the last ``window_s`` of the tap's per-request records of this model,
+    under the config in force (``policies.length_bands``)."""
+    from policies.length_bands import LengthSettings, RequestAcceptance, length_view
+
+    records = store.requests(
+        now - timedelta(seconds=window_s),
+        now + timedelta(microseconds=1),
+        model_name=key.model_name,
+        config_id=current.id if current is not None else None,
+    )
+    return length_view(
+        [
+            RequestAcceptance(
+                r.prompt_tokens,
+                r.output_tokens,
+                r.num_spec_tokens,
+                r.num_spec_steps,
+                r.num_accepted_draft_tokens,
+                r.acceptance_histogram,
+                r.per_step_accepted,
+                r.per_step_drafted,
+            )
+            for r in records
+        ],
+        LengthSettings(confidence=confidence),
+    )
 
 
 def _config(store: Any, stored: Any) -> dict[str, Any] | None:
@@ -299,6 +345,18 @@ def _print_human(data: dict[str, Any], now: datetime) -> None:
         if d is not None:
             what = f"{d['action']} / {d['reason']} → {d['status']} (audit id {d['id']})"
             table.add_row("last decision", f"{short_time(d['created_at'])} UTC {what}: {d['message']}")
+        lengths = e["by_context_length"]
+        for b in lengths["bands"]:
+            if b["alpha"] is None:
+                continue
+            span = f"{b['lo_tokens']:,}–{b['hi_tokens']:,}" if b["hi_tokens"] else f"≥ {b['lo_tokens']:,}"
+            ci = b["alpha_ci"]
+            table.add_row(
+                f"α̂ at {span} tokens",
+                f"{b['alpha']:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]  from {b['drafts']:,} drafts, {b['requests']} requests",
+            )
+        if any(b["alpha"] is not None for b in lengths["bands"]):
+            table.add_row("by context length", lengths["message"])
         ev = e["events"]
         table.add_row(
             f"events (last {data['events_window_s'] / 3600:g} h)",
