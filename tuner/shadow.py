@@ -64,14 +64,12 @@ class ShadowOutcome:
 
 
 def limit_resources(threads: int, nice: int) -> None:
-    """Lower this process's priority and cap torch's threads (when torch is loaded)."""
+    """Lower this process's priority (``torch.set_num_threads`` caps its threads at load time)."""
     if threads < 1:
         raise ShadowInputError(f"--threads must be ≥ 1 but got {threads}")
     if nice > 0:
         with contextlib.suppress(OSError):  # not permitted: keep going at the current priority
             os.nice(nice)
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-        os.environ.setdefault(var, str(threads))
 
 
 def check_draft_model(target: Path, draft: Path) -> str:

@@ -95,7 +95,7 @@ def test_shadow_alpha_lies_within_the_served_interval(
         args += ["--model", info.path] if info.path else ["--extra-json", json.dumps(NGRAM_EXTRA)]
         cli(*args)
     run = cli("shadow", "run", "--samples", str(record.dir), "--target", lab_models.target.path, "--k", "3",
-              "--max-model-len", "512", "--db", db)
+              "--max-model-len", "512", "--nice", "0", "--db", db)
     listed = {d["name"]: d for d in cli("drafts", "list", "--db", db)["drafts"]}
     # Every lab candidate is measured before any restart, with an interval.
     for name in lab_models.drafts:
