@@ -11,8 +11,9 @@ the engine (``spectuner shadow run``).
   not evaluated here (``needs_canary``): try them on one replica or a blue/green canary;
 - suffix decoding keeps a cache across requests: not replayed yet (``not_replayed``).
 
-The worker runs at low priority with its own thread budget (``os.nice``, ``torch.set_num_threads``)
-so an engine on the same host keeps its CPUs (bench/bench_shadow.py measures the cost).
+The worker runs at low priority with its own CPU budget (``os.nice``, ``torch.set_num_threads`` and a
+CPU-share throttle, :class:`Throttle`) so an engine on the same host keeps its CPUs
+(bench/bench_shadow.py measures the cost).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -72,6 +74,29 @@ def limit_resources(threads: int, nice: int) -> None:
             os.nice(nice)
 
 
+class Throttle:
+    """Keeps the worker's CPU time at most ``cpu_share`` of the wall time (of one core): after each
+    sample it sleeps off any excess. 1.0: no throttle (nice alone)."""
+
+    def __init__(self, cpu_share: float) -> None:
+        if not 0 < cpu_share <= 1:
+            raise ShadowInputError(f"--cpu-share must lie in (0, 1] but got {cpu_share}")
+        self.cpu_share = cpu_share
+        self._wall0 = time.monotonic()
+        self._cpu0 = time.process_time()
+
+    def pause(self) -> None:
+        if self.cpu_share >= 1:
+            return
+        used = time.process_time() - self._cpu0
+        owed = used / self.cpu_share - (time.monotonic() - self._wall0)
+        if owed > 0:
+            time.sleep(owed)
+
+
+NO_THROTTLE = Throttle(1.0)
+
+
 def check_draft_model(target: Path, draft: Path) -> str:
     """Refuse a draft that is not a model directory, or whose tokenizer differs from the target's."""
     if not (draft / "config.json").is_file():
@@ -101,7 +126,13 @@ def _vocab(path: Path) -> dict[str, int] | None:
     return {**(vocab if isinstance(vocab, dict) else {}), **added}
 
 
-def evaluate_ngram(samples: Sequence[TrafficSample], k: int, extra: dict[str, Any], max_model_len: int) -> ReplayResult:
+def evaluate_ngram(
+    samples: Sequence[TrafficSample],
+    k: int,
+    extra: dict[str, Any],
+    max_model_len: int,
+    throttle: Throttle = NO_THROTTLE,
+) -> ReplayResult:
     min_n = int(extra.get("prompt_lookup_min", 1) if extra.get("prompt_lookup_min") is not None else 1)
     max_n = int(extra.get("prompt_lookup_max", min_n) if extra.get("prompt_lookup_max") is not None else min_n)
     total = EMPTY
@@ -109,10 +140,13 @@ def evaluate_ngram(samples: Sequence[TrafficSample], k: int, extra: dict[str, An
         total = total + replay_proposer(
             s.prompt_ids, s.output_ids, lambda ctx: ngram_propose(ctx, min_n, max_n, k, max_model_len)
         )
+        throttle.pause()
     return total
 
 
-def evaluate_draft_model(samples: Sequence[TrafficSample], model_dir: Path, k: int, threads: int) -> ReplayResult:
+def evaluate_draft_model(
+    samples: Sequence[TrafficSample], model_dir: Path, k: int, threads: int, throttle: Throttle = NO_THROTTLE
+) -> ReplayResult:
     try:
         import torch
         from transformers import AutoModelForCausalLM
@@ -145,6 +179,7 @@ def evaluate_draft_model(samples: Sequence[TrafficSample], model_dir: Path, k: i
             # The prediction of output token q reads positions up to n + q − 1.
             predicted = logits[n - 1 : n - 1 + len(s.output_ids)].argmax(-1).tolist()
             total = total + steps_from_predictions(s.output_ids, predicted, k)
+            throttle.pause()
     return total
 
 
@@ -156,9 +191,10 @@ def evaluate(
     k: int,
     threads: int = 1,
     max_model_len: int = 1 << 30,
+    throttle: Throttle = NO_THROTTLE,
 ) -> ShadowOutcome:
     """Replay ``samples`` through one candidate (raises ``ShadowInputError`` on a bad candidate)."""
-    start = os.times()
+    start = time.process_time()
     greedy_only = any(not s.greedy for s in samples)
     method = candidate.method
     if method in HEAD_METHODS:
@@ -174,18 +210,17 @@ def evaluate(
         )
     k = int(candidate.extra.get("num_speculative_tokens", k))
     if method in NGRAM_METHODS:
-        replay = evaluate_ngram(samples, k, candidate.extra, max_model_len)
+        replay = evaluate_ngram(samples, k, candidate.extra, max_model_len, throttle)
         check = "not_needed"
     elif method == "draft_model":
         if not candidate.model:
             raise ShadowInputError(f"candidate {candidate.name!r} (draft_model) has no model path")
         draft = Path(candidate.model)
         check = check_draft_model(target, draft)
-        replay = evaluate_draft_model(samples, draft, k, threads)
+        replay = evaluate_draft_model(samples, draft, k, threads, throttle)
     else:
         raise ShadowInputError(f"candidate {candidate.name!r}: method {method!r} cannot be shadow-evaluated")
-    end = os.times()
-    cpu = (end.user - start.user) + (end.system - start.system)
+    cpu = time.process_time() - start
     return ShadowOutcome(candidate, k, replay, greedy_only, check, None, cpu, {"cpu_s": round(cpu, 3)})
 
 

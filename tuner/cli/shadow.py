@@ -42,7 +42,10 @@ def run_cmd(
         1 << 30, "--max-model-len", min=1, help="The engine's max_model_len (ngram drafts stop there)."
     ),
     threads: int = typer.Option(1, "--threads", min=1, help="CPU threads the worker may use (torch, BLAS)."),
-    nice: int = typer.Option(10, "--nice", min=0, max=19, help="Lower the worker's CPU priority by this much."),
+    nice: int = typer.Option(19, "--nice", min=0, max=19, help="Lower the worker's CPU priority by this much."),
+    cpu_share: float = typer.Option(
+        0.1, "--cpu-share", help="Most CPU time the worker takes, as a share of one core's wall time (0, 1]."
+    ),
     only: list[str] = typer.Option([], "--candidate", help="Evaluate only these candidates (repeatable)."),
     db: str | None = typer.Option(None, "--db", help=DB_HELP),
     config: Path | None = typer.Option(None, "--config", "-c", help=CONFIG_HELP),
@@ -53,7 +56,7 @@ def run_cmd(
 
     from collectors.traffic_record import RecorderSettings, SampleStore
     from tuner.controller.drafts import registered_drafts
-    from tuner.shadow import ShadowCandidate, ShadowInputError, evaluate, limit_resources, select_samples
+    from tuner.shadow import ShadowCandidate, ShadowInputError, Throttle, evaluate, limit_resources, select_samples
     from tuner.store.shadow import ShadowResult, write_shadow_result
 
     if not samples_dir.is_dir():
@@ -61,6 +64,10 @@ def run_cmd(
     if not target.is_dir():
         fail_usage(f"--target {target}: no such directory; give the target model's directory")
     cfg = load_config_or_exit(config)
+    try:
+        throttle = Throttle(cpu_share)
+    except ShadowInputError as exc:
+        fail_usage(str(exc))
     limit_resources(threads, nice)
     store = open_store(db, config, cfg)
     now = datetime.now(UTC)
@@ -87,7 +94,8 @@ def run_cmd(
             for cand in cands:
                 try:
                     outcome = evaluate(
-                        cand, samples, target=target, k=k, threads=threads, max_model_len=max_model_len
+                        cand, samples, target=target, k=k, threads=threads, max_model_len=max_model_len,
+                        throttle=throttle,
                     )
                 except ShadowInputError as exc:
                     fail_usage(str(exc))
