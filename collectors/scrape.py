@@ -32,6 +32,7 @@ Clock = Callable[[], datetime]
 # an uncompressed body lets us compare it with Content-Length to catch a short read.
 _REQUEST_HEADERS = {"Accept": "text/plain; version=0.0.4", "Accept-Encoding": "identity"}
 SINK_ERROR = "sink_error"
+DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 
 
 def utc_now() -> datetime:
@@ -84,7 +85,7 @@ class Collector:
         clock: Clock = utc_now,
         *,
         stale_after_s: float | None = None,
-        max_body_bytes: int = 32 * 1024 * 1024,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         client: httpx.Client | None = None,
         resume_max_age_s: float = 900.0,
     ) -> None:
@@ -139,7 +140,8 @@ class Collector:
                     if size > self.max_body_bytes:
                         raise ScrapeError(
                             ScrapeErrorReason.TOO_LARGE,
-                            f"body over {self.max_body_bytes} bytes; raise max_body_bytes if this is real",
+                            f"body over {self.max_body_bytes} bytes; raise max_body_bytes "
+                            "(collect --max-body-bytes) if this is real",
                             source=self.url,
                         )
                     # httpx times each read, not the whole body: a trickling server must still stop.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import getpass
 import json
+import math
 import os
 import re
 import sys
@@ -32,6 +33,19 @@ def fail_runtime(message: str) -> NoReturn:
     """A runtime failure (engine down, database unreachable...): exit 1."""
     err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
     raise typer.Exit(EXIT_RUNTIME)
+
+
+def require_range(
+    option: str, value: float, *, low: float | None = None, high: float | None = None, low_open: bool = False
+) -> None:
+    """Exit 2 unless ``value`` is a finite number in ``[low, high]`` (``(low, high]`` with ``low_open``):
+    NaN and infinities are refused by name, never compared (``nan <= 0`` is False)."""
+    if math.isnan(value) or math.isinf(value):
+        fail_usage(f"{option} must be a finite number but got {value}")
+    if low is not None and (value <= low if low_open else value < low):
+        fail_usage(f"{option} must be {'above' if low_open else 'at least'} {low:g} but got {value:g}")
+    if high is not None and value > high:
+        fail_usage(f"{option} must be at most {high:g} but got {value:g}")
 
 
 def print_json(data: Any) -> None:

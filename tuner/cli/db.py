@@ -46,7 +46,7 @@ def upgrade_cmd(
     url = _url(db, config)
     try:
         result = schema.upgrade(url, revision)
-    except schema.RevisionError as exc:
+    except (schema.RevisionError, schema.SchemaError) as exc:
         fail_usage(str(exc))
     except SQLAlchemyError as exc:
         _db_failure(url, exc)
@@ -68,7 +68,7 @@ def downgrade_cmd(
     url = _url(db, config)
     try:
         result = schema.downgrade(url, revision)
-    except (schema.RevisionError, schema.SchemaMissingError) as exc:
+    except (schema.RevisionError, schema.SchemaError) as exc:
         fail_usage(str(exc))
     except SQLAlchemyError as exc:
         _db_failure(url, exc)
@@ -85,6 +85,8 @@ def current_cmd(
     url = _url(db, config)
     try:
         current = schema.current_revision(url)
+    except schema.SchemaError as exc:
+        fail_usage(str(exc))
     except SQLAlchemyError as exc:
         _db_failure(url, exc)
     head = schema.head_revision()

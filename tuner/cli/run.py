@@ -12,7 +12,7 @@ from pathlib import Path
 
 import typer
 
-from tuner.cli.common import fail_runtime, fail_usage
+from tuner.cli.common import fail_runtime, load_config_or_exit, open_store
 
 
 def run(
@@ -26,20 +26,8 @@ def run(
     as_json: bool = typer.Option(False, "--json", help="Print each decision as one JSON line (and --check as JSON)."),
 ) -> None:
     """Run the sidecar: scrape the engine, decide, apply through the actuator, verify, audit."""
-    from tuner.config import ConfigError, load_config
-    from tuner.store import DatabaseUrlError, SchemaError, Store, resolve_db_url
-
-    try:
-        cfg = load_config(config)
-    except ConfigError as exc:
-        fail_usage(str(exc))
-    try:
-        url = resolve_db_url(db or cfg.database.url, config)
-        store = Store(url)
-    except (DatabaseUrlError, SchemaError) as exc:
-        fail_usage(str(exc))
-    except Exception as exc:  # the database cannot be reached: a runtime failure, not a usage error
-        fail_runtime(f"cannot open the database: {type(exc).__name__}: {exc}")
+    cfg = load_config_or_exit(config)
+    store = open_store(db, config, cfg)
 
     if check:
         summary = {

@@ -22,8 +22,11 @@ class ScenarioError(ValueError):
     def __init__(self, path: str, problems: list[str]) -> None:
         self.path = path
         self.problems = problems
-        lines = "\n".join(f"  - {p}" for p in problems)
-        super().__init__(f"scenario {path} has {len(problems)} problem(s):\n{lines}")
+        if len(problems) == 1:  # one line, as every CLI error
+            super().__init__(f"scenario {path}: {problems[0]}")
+        else:
+            lines = "\n".join(f"  - {p}" for p in problems)
+            super().__init__(f"scenario {path} has {len(problems)} problems:\n{lines}")
 
 
 class _Section(BaseModel):

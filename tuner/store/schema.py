@@ -7,6 +7,7 @@ a failed migration leaves the previous version intact.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.util import CommandError
 from sqlalchemy import Engine
+from sqlalchemy.exc import DatabaseError
 
 import migrations
 from tuner.store.connect import WRITE_OPTION, make_engine
@@ -40,6 +42,11 @@ class SchemaOutOfDateError(SchemaError):
 
 class SchemaTooNewError(SchemaError):
     """The schema was written by a newer spectuner; this one must not touch it."""
+
+
+class SchemaUnreadableError(SchemaError):
+    """The database cannot be read as a spectuner database (not a database file, a version table
+    with several rows...)."""
 
 
 class RevisionError(ValueError):
@@ -96,8 +103,33 @@ def current_revision(url: str) -> str | None:
 
 
 def _current(engine: Engine) -> str | None:
-    with engine.connect() as conn:
-        return MigrationContext.configure(conn).get_current_revision()
+    shown = render_url(engine.url)
+    try:
+        with engine.connect() as conn:
+            return MigrationContext.configure(conn).get_current_revision()
+    except CommandError as exc:  # alembic: more than one row in alembic_version
+        raise SchemaUnreadableError(
+            f"the database at {shown} has several revisions in its alembic_version table ({exc}); spectuner "
+            "never writes that: it was edited by hand or is another application's. Restore it from a backup "
+            "or point --db at another database"
+        ) from None
+    except DatabaseError as exc:
+        detail = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+        if engine.dialect.name == "sqlite" and ("not a database" in detail or "encrypted" in detail):
+            raise SchemaUnreadableError(
+                f"{shown} is not a SQLite database ({detail}); point --db at a spectuner database or a new file"
+            ) from None
+        raise
+
+
+def _refuse_unknown(url: str, current: str | None, verb: str) -> None:
+    """A revision this code does not know was written by a newer spectuner: never migrate it."""
+    if current is None or current in {rev.revision for rev in script_directory().walk_revisions()}:
+        return
+    raise SchemaTooNewError(
+        f"cannot {verb} {render_url(url)}: its schema revision {current!r} is not one this spectuner knows "
+        f"(its newest is {head_revision()!r}); it was written by a newer spectuner: {verb} with that version"
+    )
 
 
 def check_schema(url_or_engine: str | Engine) -> str:
@@ -152,6 +184,12 @@ def upgrade(url: str, revision: str = "head") -> MigrationResult:
         raise RevisionError(
             f"cannot create {path}: directory {path.parent} does not exist; create it or choose another --db"
         )
+    if path is not None and not os.access(path.parent, os.W_OK | os.X_OK):
+        # SQLite writes its journal beside the file: a read-only directory fails even for an existing file.
+        raise RevisionError(
+            f"cannot write {path}: directory {path.parent} is not writable by this user; "
+            "fix its permissions or choose another --db"
+        )
     return _migrate(normalized, revision, up=True)
 
 
@@ -170,6 +208,7 @@ def _migrate(url: str, revision: str, *, up: bool) -> MigrationResult:
     engine = make_engine(url)
     try:
         before = _current(engine)
+        _refuse_unknown(url, before, "upgrade" if up else "downgrade")
         with engine.execution_options(**{WRITE_OPTION: True}).begin() as conn:
             cfg.attributes["connection"] = conn
             try:

@@ -1,0 +1,170 @@
+"""Is a speculative config fit to send to the engine? One check for `spectuner apply` (before the
+override is written) and for the daemon (again before it is applied: the audit row may have been
+written by an older CLI, another config, or by hand).
+
+Pure: no I/O. ``validate_spec_config`` raises ``ValueError`` with what is wrong; ``check_override``
+returns the reason to audit, or None when the override may be applied.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from policies.draft_choice import DraftCandidate
+from policies.memory import FREE_METHODS, DraftFootprint, MemoryBudget, check_memory, weight_bytes
+from tuner.config import K_LIMIT
+
+# vLLM 0.32's speculative methods (SpeculativeConfig.method; *_mtp variants too) plus "off".
+KNOWN_METHODS = frozenset(
+    {"draft_model", "eagle", "eagle3", "ngram", "ngram_gpu", "suffix", "medusa", "mlp_speculator", "mtp", "off"}
+)
+MODEL_METHODS = frozenset({"draft_model", "eagle", "eagle3", "medusa", "mlp_speculator"})
+
+# The keys of vLLM 0.32's SpeculativeConfig an operator may set (its init fields, less the ones vLLM
+# fills in itself: draft/target model and parallel configs). Anything else is refused, not forwarded.
+KNOWN_KEYS = frozenset(
+    {
+        "attention_backend",
+        "code_revision",
+        "disable_eagle_block_drop",
+        "disable_padded_drafter_batch",
+        "draft_sample_method",
+        "draft_tensor_parallel_size",
+        "dspark_draft_topk",
+        "enable_adaptive_verification",
+        "enforce_eager",
+        "index_share_for_mtp_iteration",
+        "kv_cache_dtype",
+        "max_model_len",
+        "method",
+        "model",
+        "moe_backend",
+        "num_speculative_tokens",
+        "num_speculative_tokens_per_batch_size",
+        "parallel_drafting",
+        "prompt_lookup_max",
+        "prompt_lookup_min",
+        "quantization",
+        "rejection_sample_method",
+        "revision",
+        "suffix_decoding_max_cached_requests",
+        "suffix_decoding_max_spec_factor",
+        "suffix_decoding_max_tree_depth",
+        "suffix_decoding_min_token_prob",
+        "tensor_parallel_size",
+        "use_heterogeneous_vocab",
+        "use_local_argmax_reduction",
+    }
+)
+
+EXAMPLE = '{"method": "draft_model", "model": "/models/draft", "num_speculative_tokens": 4}'
+
+
+def validate_spec_config(config: Any, k_max: int | None) -> dict[str, Any]:
+    """The config as a dict if it may be sent to vLLM; else ``ValueError`` naming what is wrong.
+
+    Keys known to vLLM's SpeculativeConfig; method known (``*_mtp`` variants, or ``off`` alone); K an
+    integer in ``0..min(k_max, K_LIMIT)``; a per-batch-size table of rows [lo, hi, K] contiguous from 1
+    with every K ≤ num_speculative_tokens; a model for model-based methods; finite numbers.
+    """
+    from tuner.store.rows import FieldError, check_k_table
+
+    if not isinstance(config, dict):
+        raise ValueError(f"the config must be a JSON object such as {EXAMPLE} but got {json.dumps(config)}")
+    unknown = sorted(str(key) for key in config if key not in KNOWN_KEYS)
+    if unknown:
+        raise ValueError(
+            f"unknown key(s) {', '.join(repr(u) for u in unknown)}: vLLM's speculative config has no such "
+            "setting (see `vllm serve --help=speculative-config`)"
+        )
+    method = config.get("method")
+    if not isinstance(method, str) or not (method in KNOWN_METHODS or method.endswith("_mtp")):
+        raise ValueError(
+            f"method {method!r} is not a vLLM speculative method; use one of {', '.join(sorted(KNOWN_METHODS))} "
+            "(or a *_mtp variant)"
+        )
+    if method == "off":
+        extra = sorted(set(config) - {"method"})
+        if extra:
+            raise ValueError(f'method "off" takes no other keys; drop {", ".join(extra)}')
+        return dict(config)
+    k = config.get("num_speculative_tokens")
+    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+        raise ValueError(f"num_speculative_tokens (K) must be an integer ≥ 0 but got {json.dumps(k)}")
+    if method in MODEL_METHODS and not (isinstance(config.get("model"), str) and config["model"]):
+        raise ValueError(f'method {method!r} needs "model": the draft model path or hub name')
+    ks = [k]
+    table = config.get("num_speculative_tokens_per_batch_size")
+    if table is not None:
+        if not isinstance(table, list):
+            raise ValueError(
+                f"num_speculative_tokens_per_batch_size must be rows [lo, hi, K] but got {json.dumps(table)}"
+            )
+        try:
+            rows = check_k_table(table)
+        except FieldError as exc:
+            raise ValueError(f"num_speculative_tokens_per_batch_size: {exc}") from None
+        assert rows is not None
+        top = max(r[2] for r in rows)
+        if top > k:
+            raise ValueError(
+                f"the per-batch-size table uses K={top} above num_speculative_tokens={k}: vLLM treats "
+                f"num_speculative_tokens as the table's maximum; raise it to {top}"
+            )
+        ks.extend(r[2] for r in rows)
+    if max(ks) > K_LIMIT:
+        raise ValueError(f"K={max(ks)} is above {K_LIMIT}, the most spectuner sends; choose a smaller K")
+    if k_max is not None and max(ks) > k_max:
+        raise ValueError(
+            f"K={max(ks)} is above the engine's K_max {k_max} (policy.k_max of the config, or --k-max); "
+            "choose a smaller K or raise K_max"
+        )
+    for key, value in config.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{key} is {value}; use a finite number")
+    return dict(config)
+
+
+def check_override(
+    spec: Mapping[str, Any],
+    *,
+    k_max: int,
+    drafts: Sequence[DraftCandidate],
+    memory: MemoryBudget | None = None,
+    running_seqs: int = 1,
+) -> str | None:
+    """None when the daemon may apply ``spec`` as an override; else the reason to audit.
+
+    ``k_max``: the daemon's policy.k_max. ``drafts``: its candidates (config ``[[drafts]]`` and the
+    registry); a model-based method must name one of their models (ngram/suffix need none).
+    ``memory``: its budget, checked at the largest K with ``running_seqs`` sequences (policy's
+    max_batch_size for a worst case); a candidate without a known size is not checked.
+    """
+    try:
+        config = validate_spec_config(dict(spec), k_max)
+    except ValueError as exc:
+        return f"override refused: {exc}"
+    method = str(config["method"])
+    if method == "off" or method in FREE_METHODS:
+        return None
+    model = config.get("model")
+    known = [d for d in drafts if d.path is not None and d.method == method and d.path == model]
+    if not known:
+        paths = ", ".join(sorted({f"{d.name} ({d.method}: {d.path})" for d in drafts if d.path})) or "none"
+        return (
+            f"override refused: {method} draft {model!r} is not a candidate of this daemon (known: {paths}); "
+            "add it to [[drafts]] or `spectuner drafts add` first"
+        )
+    if memory is None:
+        return None
+    draft = known[0]
+    if draft.params <= 0 and draft.kv_bytes_per_token <= 0:
+        return None  # size unknown: the guardrails of a normal change would not check it either
+    table = config.get("num_speculative_tokens_per_batch_size") or []
+    k = max([int(config["num_speculative_tokens"]), *(int(row[2]) for row in table)])
+    footprint = DraftFootprint(method, weight_bytes(draft.params, draft.dtype), draft.kv_bytes_per_token)
+    fit = check_memory(footprint, k, running_seqs, memory)
+    return None if fit.fits else f"override refused: {fit.message}"
