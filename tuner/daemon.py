@@ -40,7 +40,7 @@ from policies.draft_choice import DraftCandidate, DraftTriggerConfig, TriggerSta
 from policies.memory import MemoryBudget
 from policies.step_cost import StepCostModel
 from tuner.actuators import Actuator, CommandActuator, NullActuator, RestartActuator, WebhookActuator
-from tuner.actuators.live import LiveActuator, load_or_create_token, plugin_env
+from tuner.actuators.live import LiveActuator, plugin_env, shared_plugin_token
 from tuner.config import SpectunerConfig
 from tuner.controller.candidates import build_candidate
 from tuner.controller.drafts import registered_drafts
@@ -76,15 +76,15 @@ def _sidecar_starts_engine(config: SpectunerConfig) -> bool:
 def plugin_token(config: SpectunerConfig) -> str | None:
     """The shared plugin token (``[plugin] token_file``), created when the sidecar starts the engine."""
     p = config.plugin
-    if not (p.ingest_listen or p.control_address):
-        return None
-    path = config.resolve(p.token_file)
     try:
-        return load_or_create_token(path, create=_sidecar_starts_engine(config))
+        return shared_plugin_token(
+            config.resolve(p.token_file),
+            ingest=bool(p.ingest_listen),
+            control=bool(p.control_address),
+            sidecar_starts_engine=_sidecar_starts_engine(config),
+        )
     except ValueError as exc:
-        if p.control_address:
-            raise DaemonStartError(f"[plugin] control_address needs a token: {exc}") from None
-        return None  # ingest only: loopback without a token
+        raise DaemonStartError(f"[plugin] needs a token: {exc}") from None
 
 
 def engine_plugin_env(config: SpectunerConfig) -> dict[str, str]:
@@ -110,7 +110,7 @@ def build_step_ingest(config: SpectunerConfig, sink: RecordSink, feed: StepFeed)
         metrics_url(config.engine.metrics_url),
         host="127.0.0.1" if host == "localhost" else host,
         port=int(port),
-        token=plugin_token(config),
+        token=plugin_token(config) or "",  # never empty while ingest listens (shared_plugin_token)
         feed=feed,
     )
 
