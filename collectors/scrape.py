@@ -22,6 +22,7 @@ import httpx
 from collectors.errors import ScrapeError, ScrapeErrorReason
 from collectors.exposition import parse_metrics_page
 from collectors.records import EngineKey, EngineSample, EventRecord, RecordSink, WindowRecord
+from collectors.redact import redact_url, scrub, url_secrets
 from collectors.window import window_between
 
 logger = logging.getLogger(__name__)
@@ -97,7 +98,11 @@ class Collector:
             raise ValueError(f"max_body_bytes must be positive but got {max_body_bytes}")
         if resume_max_age_s < 0:
             raise ValueError(f"resume_max_age_s cannot be negative but got {resume_max_age_s}")
-        self.url = url
+        # ``url`` may carry credentials (http://user:pass@host/metrics): it is fetched as given, but
+        # logs, errors and the database (the engine series' URL) only ever see it redacted.
+        self._fetch_url = url
+        self.url = redact_url(url)
+        self._url_secrets = url_secrets(url)
         self.sink = sink
         self.interval_s = interval_s
         self.timeout_s = timeout_s
@@ -125,12 +130,14 @@ class Collector:
         """GET the page; any way it can fail becomes a ``ScrapeError``."""
         started = time.monotonic()
         try:
-            with self._client.stream("GET", self.url, headers=_REQUEST_HEADERS) as response:
+            with self._client.stream("GET", self._fetch_url, headers=_REQUEST_HEADERS) as response:
                 if response.status_code != 200:
                     response.read()
                     raise ScrapeError(
                         ScrapeErrorReason.HTTP_STATUS,
-                        f"HTTP {response.status_code} (expected 200): {response.text[:200]!r}",
+                        scrub(
+                            f"HTTP {response.status_code} (expected 200): {response.text[:200]!r}", self._url_secrets
+                        ),
                         source=self.url,
                     )
                 chunks: list[bytes] = []
@@ -169,12 +176,17 @@ class Collector:
             ) from exc
         except httpx.RemoteProtocolError as exc:
             raise ScrapeError(
-                ScrapeErrorReason.TRUNCATED, f"connection closed mid-response ({exc})", source=self.url
+                ScrapeErrorReason.TRUNCATED,
+                scrub(f"connection closed mid-response ({exc})", self._url_secrets),
+                source=self.url,
             ) from exc
         except httpx.HTTPError as exc:
             raise ScrapeError(
                 ScrapeErrorReason.CONNECTION,
-                f"cannot reach the engine ({type(exc).__name__}: {exc}); is vLLM running at this URL?",
+                scrub(
+                    f"cannot reach the engine ({type(exc).__name__}: {exc}); is vLLM running at this URL?",
+                    self._url_secrets,
+                ),
                 source=self.url,
             ) from exc
         try:

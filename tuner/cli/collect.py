@@ -63,7 +63,7 @@ def collect(
         signal.signal(signal.SIGINT, _stop)
         if not as_json:
             out_console.print(
-                f"collecting {target} every {interval_s:g} s into {store!r}; Ctrl-C to stop", highlight=False
+                f"collecting {collector.url} every {interval_s:g} s into {store!r}; Ctrl-C to stop", highlight=False
             )
         collector.run(stop)
         summary = _summary(collector)
