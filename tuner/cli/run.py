@@ -12,7 +12,7 @@ from pathlib import Path
 
 import typer
 
-from tuner.cli.common import fail_runtime, load_config_or_exit, open_store
+from tuner.cli.common import fail_runtime, fail_usage, load_config_or_exit, open_store
 
 
 def run(
@@ -26,7 +26,13 @@ def run(
     as_json: bool = typer.Option(False, "--json", help="Print each decision as one JSON line (and --check as JSON)."),
 ) -> None:
     """Run the sidecar: scrape the engine, decide, apply through the actuator, verify, audit."""
+    from tuner.checks import start_problems
+    from tuner.config import ConfigError
+
     cfg = load_config_or_exit(config)
+    problems = start_problems(cfg)  # the same checks for `run` and `run --check`
+    if problems:
+        fail_usage(str(ConfigError(str(config), problems)))
     store = open_store(db, config, cfg)
 
     if check:
