@@ -91,7 +91,7 @@ def load_config_or_exit(config: Path | None) -> Any:
         fail_usage(str(exc))
 
 
-def open_store(db: str | None, config: Path | None, cfg: Any = None) -> Any:
+def open_store(db: str | None, config: Path | None, cfg: Any = None, *, read_only: bool = False) -> Any:
     """Open the store the daemon uses: ``--db``, else ``[database] url`` of ``--config``, else
     ``$SPECTUNER_DB``, else ``spectuner.db`` beside ``--config`` (or here).
 
@@ -111,7 +111,7 @@ def open_store(db: str | None, config: Path | None, cfg: Any = None) -> Any:
     except DatabaseUrlError as exc:
         fail_usage(str(exc))
     try:
-        return Store(url)
+        return Store(url, read_only=read_only)
     except (DatabaseUrlError, SchemaError) as exc:
         fail_usage(str(exc))
     except SQLAlchemyError as exc:

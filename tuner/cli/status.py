@@ -49,7 +49,7 @@ def status(
 
     cfg = load_config_or_exit(config)
     url_filter = _engine_url(engine or (cfg.engine.metrics_url if cfg is not None else None))
-    store = open_store(db, config, cfg)
+    store = open_store(db, config, cfg, read_only=True)
     now = datetime.now(UTC)
     try:
         with store:

@@ -95,7 +95,7 @@ def current_revision(url: str) -> str | None:
     path = sqlite_path(normalized)
     if path is not None and not path.exists():
         return None
-    engine = make_engine(normalized)
+    engine = make_engine(normalized, read_only=True)
     try:
         return _current(engine)
     finally:
@@ -132,7 +132,7 @@ def _refuse_unknown(url: str, current: str | None, verb: str) -> None:
     )
 
 
-def check_schema(url_or_engine: str | Engine) -> str:
+def check_schema(url_or_engine: str | Engine, *, read_only: bool = False) -> str:
     """Return the current revision if it is this code's head; otherwise raise a :class:`SchemaError`
     whose message names the command that fixes it."""
     if isinstance(url_or_engine, str):
@@ -144,7 +144,7 @@ def check_schema(url_or_engine: str | Engine) -> str:
                 f"create it with `{upgrade_command(url)}`",
                 upgrade_command(url),
             )
-        engine = make_engine(url)
+        engine = make_engine(url, read_only=read_only)
         try:
             return _check(engine, url)
         finally:
