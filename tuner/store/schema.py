@@ -16,11 +16,12 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.util import CommandError
-from sqlalchemy import Engine
+from sqlalchemy import Engine, func, inspect, select, table
 from sqlalchemy.exc import DatabaseError
 
 import migrations
 from tuner.store.connect import WRITE_OPTION, make_engine
+from tuner.store.models import Base
 from tuner.store.url import normalize_db_url, parse_db_url, render_url, sqlite_path
 
 
@@ -200,6 +201,70 @@ def downgrade(url: str, revision: str = "-1") -> MigrationResult:
     if path is not None and not path.exists():
         raise SchemaMissingError(f"no database at {render_url(normalized)}: nothing to downgrade")
     return _migrate(normalized, revision, up=False)
+
+
+@dataclass(frozen=True)
+class DowngradePlan:
+    """What a downgrade would remove: each table it drops with its row count (found by running the
+    downgrade in a transaction that is rolled back)."""
+
+    url: str  # password hidden
+    from_revision: str | None
+    to_revision: str | None
+    dropped: tuple[tuple[str, int], ...]
+
+    @property
+    def rows_lost(self) -> int:
+        return sum(n for _, n in self.dropped)
+
+
+def downgrade_plan(url: str, revision: str = "-1") -> DowngradePlan:
+    """What :func:`downgrade` to ``revision`` would drop, without changing anything."""
+    normalized = normalize_db_url(url)
+    path = sqlite_path(normalized)
+    if path is not None and not path.exists():
+        raise SchemaMissingError(f"no database at {render_url(normalized)}: nothing to downgrade")
+    cfg = alembic_config(normalized)
+    engine = make_engine(normalized)
+    try:
+        before = _current(engine)
+        _refuse_unknown(normalized, before, "downgrade")
+        with engine.execution_options(**{WRITE_OPTION: True}).connect() as conn:
+            trans = conn.begin()
+            try:
+                tables = set(inspect(conn).get_table_names())
+                counts = {t: int(conn.execute(select(func.count()).select_from(table(t))).scalar_one()) for t in tables}
+                cfg.attributes["connection"] = conn
+                command.downgrade(cfg, revision)
+                after_tables = set(inspect(conn).get_table_names())
+                after = MigrationContext.configure(conn).get_current_revision()
+            except CommandError as exc:
+                known = ", ".join(rev.revision for rev in script_directory().walk_revisions())
+                raise RevisionError(
+                    f"cannot downgrade {render_url(normalized)} to {revision!r} from {before!r}: {exc}. Known "
+                    f"revisions: {known}, plus 'head', 'base' and relative steps like -1"
+                ) from exc
+            finally:
+                trans.rollback()
+    finally:
+        engine.dispose()
+    dropped = tuple(sorted((t, counts[t]) for t in tables - after_tables - {"alembic_version"}))
+    return DowngradePlan(render_url(normalized), before, after, dropped)
+
+
+def foreign_tables(url: str) -> list[str]:
+    """Tables in the database that are not spectuner's (another application's), sorted."""
+    normalized = normalize_db_url(url)
+    path = sqlite_path(normalized)
+    if path is not None and not path.exists():
+        return []
+    engine = make_engine(normalized)
+    try:
+        with engine.connect() as conn:
+            names = set(inspect(conn).get_table_names())
+    finally:
+        engine.dispose()
+    return sorted(names - set(Base.metadata.tables) - {"alembic_version"})
 
 
 def _migrate(url: str, revision: str, *, up: bool) -> MigrationResult:
