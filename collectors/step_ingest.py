@@ -25,6 +25,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -263,6 +264,9 @@ class StepIngestServer:
         self._stats_lock = threading.Lock()
         self._last_drop_event = 0.0
         self._reported_dropped = 0
+        # The plugin_steps_dropped event is written here, off the request path: an answer waits for no
+        # database (the batch is acknowledged once queued).
+        self._events = ThreadPoolExecutor(max_workers=1, thread_name_prefix="spectuner-ingest-events")
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
         # Open keep-alive connections: stop() must close them too, or a plugin would go on posting
@@ -345,6 +349,10 @@ class StepIngestServer:
             severity="warning",
             data={"dropped_total": dropped, "model": model},
         )
+        with contextlib.suppress(RuntimeError):  # stopped meanwhile: the counters stay on /v1/steps/stats
+            self._events.submit(self._write_event, event)
+
+    def _write_event(self, event: EventRecord) -> None:
         try:
             self.sink.write_events([event])
         except Exception as exc:  # the store may be down too; the counters stay visible on /v1/steps/stats
@@ -469,6 +477,7 @@ class StepIngestServer:
         for conn in conns:
             with contextlib.suppress(OSError):
                 conn.shutdown(socket.SHUT_RDWR)
+        self._events.shutdown(wait=True)
         self.writer.close()
 
     def __enter__(self) -> StepIngestServer:

@@ -53,7 +53,9 @@ class Shipper:
         queue_max: int = 20_000,
         batch_max: int = 512,
         flush_interval_s: float = 0.25,
-        timeout_s: float = 2.0,
+        # Generous: the sidecar answers once the batch is queued, but on a starved host (2 cores under
+        # load) even that can take seconds, and a batch without an answer is only "unconfirmed".
+        timeout_s: float = 10.0,
         max_backoff_s: float = 5.0,
     ) -> None:
         parsed = urllib.parse.urlsplit(url)

@@ -79,7 +79,11 @@ def batch(steps: list[dict[str, Any]], **extra: Any) -> bytes:
 
 
 def test_shipper_to_store_round_trip(db_url: str) -> None:
-    """Steps shipped by the plugin's shipper land in the steps table under the scraper's engine key."""
+    """Steps shipped by the plugin's shipper land in the steps table under the scraper's engine key.
+
+    On a loaded machine an answer may come after the shipper's timeout: that batch is "unconfirmed"
+    (sent whole, stored all the same), never dropped. What must hold whatever the load: every step
+    is stored once, and each one the shipper sent is counted as sent or unconfirmed."""
     store = Store(db_url)
     try:
         with StepIngestServer(store, ENGINE_URL, token="t0k") as ingest:
@@ -89,7 +93,9 @@ def test_shipper_to_store_round_trip(db_url: str) -> None:
             assert shipper.flush(10)
             shipper.close()
             assert ingest.writer.flush(10)
-            assert shipper.stats.sent == 1200 and shipper.stats.batches >= 3  # batched, ≤ 512 per POST
+            stats = shipper.stats
+            assert stats.sent + stats.unconfirmed == 1200 and stats.dropped_send_failed == 0, stats
+            assert stats.dropped_queue_full == 0 and stats.batches >= 3, stats  # batched, ≤ 512 per POST
         rows = store.steps(KEY)
         assert len(rows) == 1200
         assert rows[1].spec.draft_tokens_per_pos == (2, 2, 2)
