@@ -15,6 +15,25 @@ import typer
 from tuner.cli.common import fail_runtime, fail_usage, load_config_or_exit, open_store
 
 
+class TickPrinter:
+    """Which tick results reach the terminal: none of the quiet ones (hold, none: the audit log has
+    them), and a blocked one only when it changes — "[blocked] override_waiting" on every tick of a
+    pause would bury everything else. Anything else is always printed."""
+
+    QUIET = frozenset({"hold", "none"})
+
+    def __init__(self) -> None:
+        self._last: tuple[str, str] | None = None
+
+    def should_print(self, action: str, reason: str) -> bool:
+        current = (action, reason)
+        repeated = current == self._last
+        self._last = current
+        if action in self.QUIET:
+            return False
+        return not (action == "blocked" and repeated)
+
+
 def run(
     config: Path = typer.Option(
         ..., "--config", "-c", help="The daemon's TOML config (see docs/spectuner.example.toml)."
@@ -55,9 +74,11 @@ def run(
     from tuner.controller.reconcile import TickResult
     from tuner.daemon import Daemon, DaemonStartError
 
+    printer = TickPrinter()
+
     def show(result: TickResult) -> None:
-        if result.action in ("hold", "none"):
-            return  # a quiet controller is the normal case; the audit log has the decisions
+        if not printer.should_print(result.action, result.reason):
+            return
         if as_json:
             sys.stdout.write(json.dumps(result.__dict__) + "\n")
         else:
