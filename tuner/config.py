@@ -422,9 +422,11 @@ def load_config(path: str | Path) -> SpectunerConfig:
     """Read and validate a TOML file. Raises :class:`ConfigError` (missing file, bad TOML, bad keys)."""
     p = Path(path)
     try:
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(str(p), ["file not found; write one (see docs/spectuner.example.toml)"]) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(str(p), [f"not UTF-8 text (byte {exc.start}): is this the TOML config?"]) from None
     except OSError as exc:
         raise ConfigError(str(p), [f"cannot read the file: {exc}"]) from None
     try:

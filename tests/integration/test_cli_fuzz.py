@@ -94,6 +94,7 @@ def assert_clean_failure(args: list[str], *, allowed: tuple[int, ...] = (1, 2)) 
     if result.exit_code != 0:
         first, *rest = [line for line in result.stderr.splitlines() if line.strip()]
         assert first.startswith("error:"), shown
+        assert "unexpected" not in first, shown  # the boundary's net caught it: a command missed a check
         # One line; only a config with several problems lists them, one "  - key: problem" each.
         assert all(line.startswith("  - ") for line in rest), shown
 

@@ -42,6 +42,10 @@ def test_known_keys_are_vllms_own() -> None:
             "above num_speculative_tokens",
         ),
         ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": float("nan")}, "finite"),
+        (
+            {"method": "ngram", "num_speculative_tokens": 2, "num_speculative_tokens_per_batch_size": [[1, 10**8, 2]]},
+            "stops at 4096",
+        ),
     ],
 )
 def test_bad_overrides_are_refused_with_a_reason(spec: dict[str, object], needle: str) -> None:

@@ -133,7 +133,10 @@ def parse_since(text: str, now: datetime, option: str = "--since") -> datetime:
     zone (as `spectuner report` reads them: a time without a zone is refused rather than guessed)."""
     m = _AGO.match(text)
     if m:
-        return now - timedelta(seconds=float(m.group(1)) * _UNIT_S[m.group(2).lower()])
+        try:
+            return now - timedelta(seconds=float(m.group(1)) * _UNIT_S[m.group(2).lower()])
+        except OverflowError:  # datetime stops at year 1
+            fail_usage(f"{option} {text!r} reaches before year 1; give a shorter duration or an ISO time")
     try:
         when = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
     except ValueError:

@@ -8,6 +8,7 @@ import threading
 import time
 from pathlib import Path
 
+import httpx
 import typer
 from rich.table import Table
 
@@ -66,8 +67,9 @@ def serve_cmd(
 
     try:
         table = parse_per_batch_size(per_batch_size) if per_batch_size else None
-        server = LabServer(draft=draft, k=k, per_batch_size=table, port=port, models_dir=models_dir,
-                           enforce_eager=not compile_graphs)
+        server = LabServer(
+            draft=draft, k=k, per_batch_size=table, port=port, models_dir=models_dir, enforce_eager=not compile_graphs
+        )
     except LabUsageError as e:
         fail_usage(str(e))
     stop = threading.Event()
@@ -84,10 +86,18 @@ def serve_cmd(
         err_console.print(e.log_tail, markup=False, highlight=False)
         fail_runtime(str(e))
     try:
-        out_console.print(json.dumps({"base_url": server.base_url, "metrics_url": server.metrics_url,
-                                      "model": server.model_name, "pid": server.pid,
-                                      "startup_s": round(took, 1),
-                                      "speculative_config": server.spec_config}))
+        out_console.print(
+            json.dumps(
+                {
+                    "base_url": server.base_url,
+                    "metrics_url": server.metrics_url,
+                    "model": server.model_name,
+                    "pid": server.pid,
+                    "startup_s": round(took, 1),
+                    "speculative_config": server.spec_config,
+                }
+            )
+        )
         deadline = None if duration_s is None else time.monotonic() + duration_s
         while not stop.is_set():
             if deadline is not None and time.monotonic() >= deadline:
@@ -116,6 +126,12 @@ def load_cmd(
 
     if prompts not in PROMPT_SETS:
         fail_usage(f"unknown prompt set {prompts!r}; choose one of: {', '.join(PROMPT_SETS)}")
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL as exc:
+        fail_usage(f"--url {url!r} is not a URL ({exc}); write http://HOST:PORT")
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        fail_usage(f"--url {url!r} is not an http(s) URL; write http://HOST:PORT")
     result = run_load(url, model, PROMPT_SETS[prompts], concurrency, count, max_tokens)
     summary = result.summary()
     if as_json:

@@ -15,7 +15,7 @@ from typing import Any
 
 from policies.draft_choice import DraftCandidate
 from policies.memory import FREE_METHODS, DraftFootprint, MemoryBudget, check_memory, weight_bytes
-from tuner.config import K_LIMIT
+from tuner.config import BATCH_SIZE_LIMIT, K_LIMIT
 
 # vLLM 0.32's speculative methods (SpeculativeConfig.method; *_mtp variants too) plus "off".
 KNOWN_METHODS = frozenset(
@@ -109,6 +109,11 @@ def validate_spec_config(config: Any, k_max: int | None) -> dict[str, Any]:
             raise ValueError(f"num_speculative_tokens_per_batch_size: {exc}") from None
         assert rows is not None
         top = max(r[2] for r in rows)
+        if rows[-1][1] > BATCH_SIZE_LIMIT:  # the plugin expands the table into a list that long
+            raise ValueError(
+                f"num_speculative_tokens_per_batch_size reaches batch size {rows[-1][1]}; the table stops at "
+                f"{BATCH_SIZE_LIMIT} (vLLM --max-num-seqs)"
+            )
         if top > k:
             raise ValueError(
                 f"the per-batch-size table uses K={top} above num_speculative_tokens={k}: vLLM treats "

@@ -268,9 +268,11 @@ def load_scenario(path: str | Path) -> Scenario:
     """Read and validate a scenario file. Raises :class:`ScenarioError` naming every problem."""
     p = Path(path)
     try:
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ScenarioError(str(p), ["file not found; see bench/scenarios/ for examples"]) from None
+    except UnicodeDecodeError as exc:
+        raise ScenarioError(str(p), [f"not UTF-8 text (byte {exc.start}): is this a scenario TOML file?"]) from None
     except OSError as exc:
         raise ScenarioError(str(p), [f"cannot read the file: {exc}"]) from None
     try:
