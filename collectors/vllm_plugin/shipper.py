@@ -134,12 +134,17 @@ class Shipper:
         self._close_conn()
 
     def flush(self, timeout_s: float = 5.0) -> bool:
-        """Wait until the queue is empty (tests, shutdown); False on timeout."""
+        """Wait until every record submitted so far has an outcome — sent, dropped or unconfirmed —
+        not merely left the queue (a batch in flight has neither); False on timeout."""
         deadline = time.monotonic() + timeout_s
         self._wake.set()
-        while self._queue and time.monotonic() < deadline:
+        while not self._settled() and time.monotonic() < deadline:
             time.sleep(0.01)
-        return not self._queue
+        return self._settled()
+
+    def _settled(self) -> bool:
+        done = self._sent + self._dropped_full + self._dropped_failed + self._unconfirmed
+        return not self._queue and done >= self._submitted
 
     # -- the shipping thread ---------------------------------------------------------------------
     def _run(self) -> None:
