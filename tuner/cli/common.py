@@ -43,7 +43,8 @@ def require_range(
     if math.isnan(value) or math.isinf(value):
         fail_usage(f"{option} must be a finite number but got {value}")
     if low is not None and (value <= low if low_open else value < low):
-        fail_usage(f"{option} must be {'above' if low_open else 'at least'} {low:g} but got {value:g}")
+        bound = "positive" if low_open and low == 0 else f"{'above' if low_open else 'at least'} {low:g}"
+        fail_usage(f"{option} must be {bound} but got {value:g}")
     if high is not None and value > high:
         fail_usage(f"{option} must be at most {high:g} but got {value:g}")
 
