@@ -8,7 +8,6 @@ import threading
 import time
 from pathlib import Path
 
-import httpx
 import typer
 from rich.table import Table
 
@@ -126,12 +125,12 @@ def load_cmd(
 
     if prompts not in PROMPT_SETS:
         fail_usage(f"unknown prompt set {prompts!r}; choose one of: {', '.join(PROMPT_SETS)}")
+    from collectors.scrape import metrics_url
+
     try:
-        parsed = httpx.URL(url)
-    except httpx.InvalidURL as exc:
-        fail_usage(f"--url {url!r} is not a URL ({exc}); write http://HOST:PORT")
-    if parsed.scheme not in ("http", "https") or not parsed.host:
-        fail_usage(f"--url {url!r} is not an http(s) URL; write http://HOST:PORT")
+        metrics_url(url)  # the same check as every other URL option: http(s), a host, parseable
+    except ValueError as exc:
+        fail_usage(f"--url: {exc}")
     result = run_load(url, model, PROMPT_SETS[prompts], concurrency, count, max_tokens)
     summary = result.summary()
     if as_json:
