@@ -20,6 +20,10 @@ from policies.spec_config import SpecConfig
 from tuner.alerts.settings import AlertsSection
 from tuner.exporters.settings import ExportersSection
 
+# Bounds every input path shares (config, `recommend`, `apply`, the daemon's override check).
+K_LIMIT = 64  # largest num_speculative_tokens spectuner will consider or send
+BATCH_SIZE_LIMIT = 4096  # largest batch size (vLLM --max-num-seqs) a K table may cover
+
 
 class ConfigError(ValueError):
     """The config file cannot be used. ``problems`` holds one ``key: message`` line per problem."""
@@ -27,8 +31,11 @@ class ConfigError(ValueError):
     def __init__(self, path: str, problems: list[str]) -> None:
         self.path = path
         self.problems = problems
-        lines = "\n".join(f"  - {p}" for p in problems)
-        super().__init__(f"config {path} has {len(problems)} problem(s):\n{lines}")
+        if len(problems) == 1:  # one line, as every CLI error
+            super().__init__(f"config {path}: {problems[0]}")
+        else:
+            lines = "\n".join(f"  - {p}" for p in problems)
+            super().__init__(f"config {path} has {len(problems)} problems:\n{lines}")
 
 
 class _Section(BaseModel):
@@ -98,7 +105,10 @@ class LiveActuatorSection(_Section):
         default="restart", description="actuator for changes that cannot be made live (its table is required)"
     )
     k_max: int | None = Field(
-        default=None, ge=1, le=64, description="K_max the engine starts with (smaller K are live); default policy.k_max"
+        default=None,
+        ge=1,
+        le=K_LIMIT,
+        description="K_max the engine starts with (smaller K are live); default policy.k_max",
     )
     verify_timeout_s: float = Field(default=5.0, gt=0, description="how long to watch the step stream for the new K")
     min_evidence_steps: int = Field(default=2, ge=1, description="steps at the new K that confirm a change")
@@ -167,7 +177,7 @@ class SpeculativeSection(_Section):
 
     method: str = Field(description="draft_model, eagle, eagle3, ngram, suffix, off ...")
     model: str | None = Field(default=None, description="draft model path or name (not for ngram/suffix/off)")
-    num_speculative_tokens: int = Field(ge=0, le=64)
+    num_speculative_tokens: int = Field(ge=0, le=K_LIMIT)
     extra: dict[str, Any] = Field(default_factory=dict, description="more keys passed to vLLM as they are")
 
     @model_validator(mode="after")
@@ -196,7 +206,7 @@ class StepCostSection(_Section):
 
 
 class PolicySection(_Section):
-    k_max: int = Field(default=8, ge=0, le=64, description="largest K the controller may choose")
+    k_max: int = Field(default=8, ge=0, le=K_LIMIT, description="largest K the controller may choose")
     cost_ratio: float = Field(default=0.05, gt=0, lt=10, description="draft step / target step (c)")
     evidence_window_s: float = Field(default=300.0, gt=0, description="how far back a decision looks")
     load_horizon_s: float = Field(
@@ -211,7 +221,9 @@ class PolicySection(_Section):
         description="choose vLLM's per-batch-size K table (K per load) instead of one K; "
         "the engine then runs at K = k_max and the table picks K per step",
     )
-    max_batch_size: int = Field(default=16, ge=1, le=4096, description="the table's last row (vLLM --max-num-seqs)")
+    max_batch_size: int = Field(
+        default=16, ge=1, le=BATCH_SIZE_LIMIT, description="the table's last row (vLLM --max-num-seqs)"
+    )
     target_params: int | None = Field(default=None, gt=0, description="target parameters (cost ratio of drafts)")
     step_cost: StepCostSection | None = Field(
         default=None,
@@ -415,9 +427,11 @@ def load_config(path: str | Path) -> SpectunerConfig:
     """Read and validate a TOML file. Raises :class:`ConfigError` (missing file, bad TOML, bad keys)."""
     p = Path(path)
     try:
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(str(p), ["file not found; write one (see docs/spectuner.example.toml)"]) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(str(p), [f"not UTF-8 text (byte {exc.start}): is this the TOML config?"]) from None
     except OSError as exc:
         raise ConfigError(str(p), [f"cannot read the file: {exc}"]) from None
     try:

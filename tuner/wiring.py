@@ -15,7 +15,7 @@ from collectors.vllm_plugin.client import ControlClient
 from collectors.vllm_plugin.wire import STEPS_PATH
 from policies.draft_choice import DraftCandidate
 from tuner.actuators import Actuator, CommandActuator, NullActuator, RestartActuator, WebhookActuator
-from tuner.actuators.live import LiveActuator, load_or_create_token, plugin_env
+from tuner.actuators.live import LiveActuator, plugin_env, shared_plugin_token
 from tuner.config import SpectunerConfig
 from tuner.controller.candidates import build_candidate
 from tuner.controller.drafts import registered_drafts
@@ -42,17 +42,18 @@ def _sidecar_starts_engine(config: SpectunerConfig) -> bool:
 
 
 def plugin_token(config: SpectunerConfig) -> str | None:
-    """The shared plugin token (``[plugin] token_file``), created when the sidecar starts the engine."""
+    """The shared plugin token (``[plugin] token_file``): mandatory whenever the ingest listens or the
+    control channel is used; created 0600 when absent (``shared_plugin_token``)."""
     p = config.plugin
-    if not (p.ingest_listen or p.control_address):
-        return None
-    path = config.resolve(p.token_file)
     try:
-        return load_or_create_token(path, create=_sidecar_starts_engine(config))
+        return shared_plugin_token(
+            config.resolve(p.token_file),
+            ingest=bool(p.ingest_listen),
+            control=bool(p.control_address),
+            sidecar_starts_engine=_sidecar_starts_engine(config),
+        )
     except ValueError as exc:
-        if p.control_address:
-            raise DaemonStartError(f"[plugin] control_address needs a token: {exc}") from None
-        return None  # ingest only: loopback without a token
+        raise DaemonStartError(f"[plugin] needs a token: {exc}") from None
 
 
 def engine_plugin_env(config: SpectunerConfig) -> dict[str, str]:
@@ -78,8 +79,9 @@ def build_step_ingest(config: SpectunerConfig, sink: RecordSink, feed: StepFeed)
         metrics_url(config.engine.metrics_url),
         host="127.0.0.1" if host == "localhost" else host,
         port=int(port),
-        token=plugin_token(config),
+        token=plugin_token(config) or "",  # never empty while ingest listens (shared_plugin_token)
         feed=feed,
+        max_batch_size=config.policy.max_batch_size,
     )
 
 

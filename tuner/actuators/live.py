@@ -367,6 +367,22 @@ def load_or_create_token(path: Path, create: bool) -> str:
     return token
 
 
+def shared_plugin_token(path: Path, *, ingest: bool, control: bool, sidecar_starts_engine: bool) -> str | None:
+    """The token the plugin and the sidecar share (``[plugin] token_file``); None when neither the
+    ingest endpoint nor the control channel is configured.
+
+    The ingest endpoint always needs one: when it listens, a missing file is created (0600, a random
+    secret) for the plugin to read through ``SPECTUNER_PLUGIN_TOKEN_FILE``. The control channel alone
+    creates it only when the sidecar starts the engine. An empty or unreadable file raises ``ValueError``.
+    """
+    if not (ingest or control):
+        return None
+    try:
+        return load_or_create_token(path, create=ingest or sidecar_starts_engine)
+    except OSError as exc:
+        raise ValueError(f"cannot read or create plugin token file {path}: {exc}") from None
+
+
 def plugin_env(*, ingest_url: str | None, control_address: str | None, token_file: Path | None) -> dict[str, str]:
     """Environment for an engine the sidecar starts, so the plugin inside it finds the sidecar."""
     env: dict[str, str] = {}

@@ -17,6 +17,8 @@ def demo_cmd(
     ),
 ) -> None:
     """The closed loop on the lab engine: weak draft → swap → K per load, every decision explained."""
+    if models_dir.exists() and not models_dir.is_dir():
+        fail_usage(f"--models-dir {models_dir} is not a directory: give the lab models' directory (built if missing)")
     from tuner.demo import run_demo
     from tuner.lab.closed_loop import LoopSettings
     from tuner.lab.serve import LabUsageError

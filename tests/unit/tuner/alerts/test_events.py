@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from collectors.records import EngineKey
+from collectors.redact import scrub
 from tuner.alerts.dispatcher import backoff_delay_s
 from tuner.alerts.events import (
     alertmanager_payload,
@@ -26,7 +27,7 @@ from tuner.alerts.events import (
     slack_payload,
 )
 from tuner.alerts.settings import AlertsSection, SinkSection
-from tuner.alerts.sinks import scrub, signature
+from tuner.alerts.sinks import signature
 from tuner.store.deliveries import StoredEvent
 
 TS = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
