@@ -20,6 +20,7 @@ import gc
 import hmac
 import json
 import logging
+import socket
 import sys
 import time
 from collections import Counter
@@ -621,3 +622,19 @@ def parse_listen(listen: str) -> tuple[str, int]:
             "put a reverse proxy in front of it to expose it"
         )
     return host, int(port_text)
+
+
+def bind_listen(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host:port`` (port 0: any free one), bound before the server starts so a
+    port in use is a clear ``OSError`` here, not a server that exits on its own."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock

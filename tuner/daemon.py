@@ -39,8 +39,9 @@ from collectors.vllm_plugin.wire import STEPS_PATH
 from policies.draft_choice import DraftCandidate, DraftTriggerConfig, TriggerStatistic
 from policies.memory import MemoryBudget
 from policies.step_cost import StepCostModel
-from tuner.actuators import Actuator, CommandActuator, NullActuator, RestartActuator, WebhookActuator
+from tuner.actuators import Actuator, CommandActuator, NullActuator, WebhookActuator
 from tuner.actuators.live import LiveActuator, load_or_create_token, plugin_env
+from tuner.actuators.strategy import build_restart_strategy
 from tuner.config import SpectunerConfig
 from tuner.controller.candidates import build_candidate
 from tuner.controller.drafts import registered_drafts
@@ -128,14 +129,13 @@ def build_actuator(config: SpectunerConfig, feed: StepFeed | None = None, kind: 
             min_evidence_steps=a.live.min_evidence_steps,
         )
     if kind == "restart" and a.restart is not None:
-        return RestartActuator(
-            a.restart.argv,
+        # [actuator] strategy: plain restart, or drain-and-hold / blue-green behind the front door.
+        return build_restart_strategy(
+            a,
             health_url_for(config),
             config.resolve(a.restart.log_path),
-            startup_timeout_s=a.restart.startup_timeout_s,
-            shutdown_timeout_s=a.restart.shutdown_timeout_s,
-            pass_shutdown_timeout=a.restart.pass_shutdown_timeout,
             env={**a.restart.env, **engine_plugin_env(config)},
+            resolve=config.resolve,
         )
     if kind == "command" and a.command is not None:
         return CommandActuator(a.command.argv, a.command.timeout_s)

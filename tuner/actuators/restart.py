@@ -85,6 +85,7 @@ class RestartActuator(Actuator):
         self.env = dict(env or {})
         self.last_good: SpecConfig | None = None
         self.process: EngineProcess | None = None
+        self.last_downtime_s: float | None = None  # the last apply's measured serving gap
         self._lock = threading.RLock()
 
     # -- process handling --------------------------------------------------------------------------
@@ -120,9 +121,8 @@ class RestartActuator(Actuator):
     def _launch(self, config: SpecConfig | None) -> float:
         """Start the server with ``config`` and wait until healthy; returns seconds to healthy.
         Raises :class:`EngineStartError` (the failed process group is already stopped)."""
-        argv = server_argv(self.base_argv, config, self.shutdown_timeout_s if self.pass_shutdown_timeout else None)
         self.process = EngineProcess(
-            argv=argv,
+            argv=self._server_argv(config),
             health_url=self.health_url,
             log_path=self.log_path,
             env=self.env,
@@ -136,6 +136,9 @@ class RestartActuator(Actuator):
         except EngineStartError:
             self.process = None
             raise
+
+    def _server_argv(self, config: SpecConfig | None) -> list[str]:
+        return server_argv(self.base_argv, config, self.shutdown_timeout_s if self.pass_shutdown_timeout else None)
 
     def _stop(self) -> None:
         if self.process is not None:
@@ -169,23 +172,34 @@ class RestartActuator(Actuator):
                 unchanged = self._unchanged(config)
                 if unchanged:
                     return unchanged
-            t0 = time.monotonic()
-            self._stop()  # graceful: vLLM drains in-flight requests for --shutdown-timeout
-            try:
-                self._launch(config)
-            except EngineStartError as exc:
-                log.warning("restart actuator: new config failed to start (%s); restoring the last good one", exc)
-                self.progress(f"{START_FAILED}: {exc}; restoring the last good config")
-                return self._restore(config, exc, t0)
-            downtime_s = time.monotonic() - t0
-            self.current = self.last_good = dict(config)
-            log.info("restart actuator: new config healthy after %.1f s of downtime", downtime_s)
-            return ApplyResult(
-                ApplyStatus.APPLIED,
-                f"engine restarted with the new config in {downtime_s:.1f} s",
-                self.current,
-                downtime_s,
-            )
+            return self._replace(config)
+
+    def switching_cost_s(self, config: SpecConfig) -> float | None:
+        """A plain restart costs its serving gap: the last one measured (None before any: the
+        controller then uses this week's median or ``restart_downtime_s``)."""
+        return self.last_downtime_s
+
+    def _replace(self, config: SpecConfig) -> ApplyResult:
+        """Stop the engine, start it with ``config``; restore the last good config if that fails."""
+        t0 = time.monotonic()
+        self._stop()  # graceful: vLLM drains in-flight requests for --shutdown-timeout
+        try:
+            self._launch(config)
+        except EngineStartError as exc:
+            log.warning("restart actuator: new config failed to start (%s); restoring the last good one", exc)
+            self.progress(f"{START_FAILED}: {exc}; restoring the last good config")
+            result = self._restore(config, exc, t0)
+            self.last_downtime_s = result.downtime_s
+            return result
+        downtime_s = self.last_downtime_s = time.monotonic() - t0
+        self.current = self.last_good = dict(config)
+        log.info("restart actuator: new config healthy after %.1f s of downtime", downtime_s)
+        return ApplyResult(
+            ApplyStatus.APPLIED,
+            f"engine restarted with the new config in {downtime_s:.1f} s",
+            self.current,
+            downtime_s,
+        )
 
     def _restore(self, failed: SpecConfig, error: EngineStartError, t0: float) -> ApplyResult:
         good = self.last_good
