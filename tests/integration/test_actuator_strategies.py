@@ -1,0 +1,173 @@
+"""Drain-and-hold and blue/green against real server processes (tests/integration/fake_engine.py)
+behind a real in-process tap, with clients sending requests all through each change."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.integration.engine_fixtures import fake_engine_argv
+from tuner.actuators import ApplyStatus
+from tuner.actuators.blue_green import BlueGreenActuator
+from tuner.actuators.drain_hold import DrainHoldActuator
+from tuner.actuators.front_door import InProcessTap
+from tuner.engine.process import free_port
+
+K3 = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 5}
+K5 = {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 5}
+BROKEN = {"method": "draft_model", "model": "/nonexistent/draft", "num_speculative_tokens": 3}
+
+
+def served(port: int) -> dict | None:
+    return httpx.get(f"http://127.0.0.1:{port}/info", timeout=5).json()["speculative_config"]
+
+
+class Load:
+    """Clients sending completions through the tap back to back until stopped; every status kept."""
+
+    def __init__(self, url: str, clients: int = 3) -> None:
+        self.url = url
+        self.statuses: list[int] = []
+        self.texts: list[str] = []
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(clients)]
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=120) as client:
+            while not self._stop.is_set():
+                r = client.post(f"{self.url}/v1/completions", json={"model": "m", "max_tokens": 3, "delay_s": 0.1})
+                self.statuses.append(r.status_code)
+                self.texts.append(r.json()["choices"][0]["text"] if r.status_code == 200 else r.text)
+
+    def __enter__(self) -> Load:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(60)
+
+
+@pytest.fixture
+def tap_for() -> Iterator[object]:
+    taps: list[InProcessTap] = []
+
+    def make(upstream: str) -> InProcessTap:
+        tap = InProcessTap("127.0.0.1", 0, [upstream], max_hold_s=60.0, max_held=100, read_timeout_s=60.0)
+        tap.start()
+        taps.append(tap)
+        return tap
+
+    yield make
+    for tap in taps:
+        tap.stop()
+
+
+@pytest.fixture
+def drain_hold(tmp_path: Path, tap_for) -> Iterator[tuple[DrainHoldActuator, InProcessTap, int]]:  # type: ignore[no-untyped-def]
+    port = free_port()
+    tap = tap_for(f"http://127.0.0.1:{port}")
+    act = DrainHoldActuator(
+        fake_engine_argv(port),
+        f"http://127.0.0.1:{port}",
+        tmp_path / "engine.log",
+        tap.client,
+        drain_timeout_s=10,
+        startup_timeout_s=30,
+        shutdown_timeout_s=2,
+    )
+    assert act.start(K3).status is ApplyStatus.APPLIED
+    try:
+        yield act, tap, port
+    finally:
+        act.stop()
+
+
+@pytest.fixture
+def blue_green(tmp_path: Path, tap_for) -> Iterator[tuple[BlueGreenActuator, InProcessTap]]:  # type: ignore[no-untyped-def]
+    port, alt = free_port(), free_port()
+    tap = tap_for(f"http://127.0.0.1:{port}")
+    act = BlueGreenActuator(
+        fake_engine_argv(port),
+        alt,
+        tmp_path / "engine.log",
+        tap.client,
+        warmup_requests=2,
+        drain_timeout_s=10,
+        startup_timeout_s=30,
+        shutdown_timeout_s=2,
+    )
+    assert act.start(K3).status is ApplyStatus.APPLIED
+    try:
+        yield act, tap
+    finally:
+        act.stop()
+
+
+def test_drain_and_hold_changes_the_engine_without_failing_a_request(
+    drain_hold: tuple[DrainHoldActuator, InProcessTap, int],
+) -> None:
+    act, tap, port = drain_hold
+    with Load(tap.url) as load:
+        result = act.apply(K5)
+    assert result.status is ApplyStatus.APPLIED, result.message
+    assert served(port) == K5
+    assert load.statuses and set(load.statuses) == {200}
+    assert set(load.texts) == {"t0 t1 t2"}
+    impact = result.impact
+    assert impact is not None and impact.strategy == "drain_hold"
+    assert impact.requests_held is not None and impact.requests_held >= 1  # arrivals during the restart waited
+    assert impact.requests_failed == 0 and impact.longest_hold_s is not None and impact.longest_hold_s > 0
+    data = result.event_data()
+    assert data["strategy"] == "drain_hold" and data["requests_held"] == impact.requests_held
+    assert act.switching_cost_s(K3) == impact.longest_hold_s
+
+
+def test_drain_and_hold_sends_held_requests_to_the_restored_engine_when_the_new_config_fails(
+    drain_hold: tuple[DrainHoldActuator, InProcessTap, int],
+) -> None:
+    act, tap, port = drain_hold
+    with Load(tap.url) as load:
+        result = act.apply(BROKEN)
+    assert result.status is ApplyStatus.ROLLED_BACK, result.message
+    assert served(port) == K3
+    assert set(load.statuses) == {200}
+    assert result.impact is not None and result.impact.requests_failed == 0
+    assert result.impact.requests_held is not None and result.impact.requests_held >= 1
+
+
+def test_blue_green_switches_with_nothing_held_and_nothing_failed(
+    blue_green: tuple[BlueGreenActuator, InProcessTap],
+) -> None:
+    act, tap = blue_green
+    old_port = act.port
+    with Load(tap.url) as load:
+        result = act.apply(K5)
+    assert result.status is ApplyStatus.APPLIED, result.message
+    assert act.port != old_port and served(act.port) == K5
+    with pytest.raises(httpx.HTTPError):
+        served(old_port)  # the old engine is stopped
+    assert tap.client.state()["upstreams"] == [f"http://127.0.0.1:{act.port}"]
+    assert set(load.statuses) == {200}
+    impact = result.impact
+    assert impact is not None and impact.strategy == "blue_green"
+    assert impact.requests_held == 0 and impact.requests_failed == 0
+    assert impact.warmup_s is not None and impact.warmup_s > 0
+    assert act.switching_cost_s(K3) == 0.0
+    assert act.apply(K3).status is ApplyStatus.APPLIED and act.port == old_port  # and back again
+
+
+def test_blue_green_failure_leaves_the_old_engine_serving(blue_green: tuple[BlueGreenActuator, InProcessTap]) -> None:
+    act, tap = blue_green
+    port = act.port
+    with Load(tap.url) as load:
+        result = act.apply(BROKEN)
+    assert result.status is ApplyStatus.ROLLED_BACK and result.downtime_s == 0.0
+    assert act.port == port and served(port) == K3 and act.current == K3
+    assert set(load.statuses) == {200}
