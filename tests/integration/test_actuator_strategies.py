@@ -15,6 +15,8 @@ from tuner.actuators import ApplyStatus
 from tuner.actuators.blue_green import BlueGreenActuator
 from tuner.actuators.drain_hold import DrainHoldActuator
 from tuner.actuators.front_door import InProcessTap
+from tuner.actuators.restart import RestartActuator
+from tuner.actuators.rolling import RollingActuator
 from tuner.engine.process import free_port
 
 K3 = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 5}
@@ -170,4 +172,59 @@ def test_blue_green_failure_leaves_the_old_engine_serving(blue_green: tuple[Blue
         result = act.apply(BROKEN)
     assert result.status is ApplyStatus.ROLLED_BACK and result.downtime_s == 0.0
     assert act.port == port and served(port) == K3 and act.current == K3
+    assert set(load.statuses) == {200}
+
+
+@pytest.fixture
+def rolling(tmp_path: Path, tap_for) -> Iterator[tuple[RollingActuator, InProcessTap, list[int]]]:  # type: ignore[no-untyped-def]
+    ports = [free_port(), free_port()]
+    urls = [f"http://127.0.0.1:{p}" for p in ports]
+    tap = tap_for(urls[0])
+    replicas = [
+        RestartActuator(
+            fake_engine_argv(p),
+            f"{u}/v1/models",
+            tmp_path / f"engine-{p}.log",
+            startup_timeout_s=30,
+            shutdown_timeout_s=2,
+        )
+        for p, u in zip(ports, urls, strict=True)
+    ]
+    act = RollingActuator(replicas, urls, tap.client, drain_timeout_s=10)
+    assert act.start(K3).ok
+    try:
+        yield act, tap, ports
+    finally:
+        act.stop()
+
+
+def test_rolling_apply_changes_one_replica_at_a_time_without_holding(
+    rolling: tuple[RollingActuator, InProcessTap, list[int]],
+) -> None:
+    act, tap, ports = rolling
+    with Load(tap.url) as load:
+        result = act.apply(K5)
+    assert result.status is ApplyStatus.APPLIED, result.message
+    assert [served(p) for p in ports] == [K5, K5]
+    assert set(load.statuses) == {200}
+    assert result.impact is not None and result.impact.requests_held == 0 and result.impact.requests_failed == 0
+    assert tap.client.state()["upstreams"] == [f"http://127.0.0.1:{p}" for p in ports]
+
+
+def test_rolling_apply_stops_and_rolls_back_on_a_regression(
+    rolling: tuple[RollingActuator, InProcessTap, list[int]],
+) -> None:
+    act, tap, ports = rolling
+    seen: list[int] = []
+
+    def verify(index: int, config: dict) -> bool:
+        seen.append(index)
+        return False  # the first replica regresses
+
+    act.verify = verify
+    with Load(tap.url) as load:
+        result = act.apply(K5)
+    assert result.status is ApplyStatus.ROLLED_BACK and "1 never changed" in result.message
+    assert seen == [0]
+    assert [served(p) for p in ports] == [K3, K3] and act.current == K3
     assert set(load.statuses) == {200}
