@@ -17,15 +17,12 @@ import pytest
 
 from tuner.actuators import ApplyStatus
 from tuner.actuators.base import SpecConfig
-from tuner.actuators.blue_green import BlueGreenActuator
-from tuner.actuators.drain_hold import DrainHoldActuator
 from tuner.actuators.front_door import InProcessTap
 from tuner.actuators.restart import RestartActuator
-from tuner.engine.process import free_port
-from tuner.lab.apply_load import Outcome, SteadyLoad, reference_texts
+from tuner.lab.apply_load import Outcome, SteadyLoad, lab_strategy_actuator, reference_texts
 from tuner.lab.models import Manifest
 from tuner.lab.prompts import HARD, PREDICTABLE
-from tuner.lab.serve import SERVED_MODEL_NAME, LabServer, speculative_config
+from tuner.lab.serve import SERVED_MODEL_NAME, speculative_config
 
 from .conftest import MODELS_DIR
 
@@ -33,23 +30,8 @@ PROMPTS = list(PREDICTABLE[:3]) + list(HARD[:3])
 MAX_TOKENS = 24
 
 
-def make_actuator(strategy: str, manifest: Manifest, workdir: Path) -> tuple[RestartActuator, InProcessTap]:
-    port = free_port()
-    bare = LabServer(draft="none", k=0, port=port, models_dir=MODELS_DIR, workdir=workdir)
-    bare.tmp_dir.mkdir(parents=True, exist_ok=True)
-    tap = InProcessTap("127.0.0.1", 0, [bare.base_url], max_hold_s=300.0, max_held=100, read_timeout_s=300.0)
-    tap.start()
-    common = {"startup_timeout_s": 300.0, "shutdown_timeout_s": 10.0, "pass_shutdown_timeout": False, "env": bare.env()}
-    actuator: RestartActuator
-    if strategy == "blue_green":
-        actuator = BlueGreenActuator(
-            bare.argv(), free_port(), bare.log_path, tap.client, drain_timeout_s=60.0, **common
-        )  # type: ignore[arg-type]
-    else:
-        actuator = DrainHoldActuator(
-            bare.argv(), bare.base_url, bare.log_path, tap.client, drain_timeout_s=60.0, **common
-        )  # type: ignore[arg-type]
-    return actuator, tap
+def make_actuator(strategy: str, workdir: Path) -> tuple[RestartActuator, InProcessTap]:
+    return lab_strategy_actuator(strategy, MODELS_DIR, workdir)
 
 
 def spec(manifest: Manifest, draft: str) -> SpecConfig:
@@ -72,7 +54,7 @@ def check(outcomes: list[Outcome], reference: dict[str, str], change: tuple[floa
 def strategy(
     request: pytest.FixtureRequest, lab_models: Manifest, tmp_path: Path
 ) -> Iterator[tuple[str, RestartActuator, InProcessTap]]:
-    actuator, tap = make_actuator(request.param, lab_models, tmp_path / "engine")
+    actuator, tap = make_actuator(request.param, tmp_path / "engine")
     try:
         result = actuator.start(spec(lab_models, "weak"))
         assert result.status is ApplyStatus.APPLIED, result.message + result.detail
@@ -110,7 +92,7 @@ def test_a_draft_swap_fails_no_request_and_changes_no_answer(
 def test_drain_and_hold_serves_held_requests_from_the_restored_engine_when_the_draft_fails(
     lab_models: Manifest, tmp_path: Path
 ) -> None:
-    actuator, tap = make_actuator("drain_hold", lab_models, tmp_path / "engine")
+    actuator, tap = make_actuator("drain_hold", tmp_path / "engine")
     broken_dir = tmp_path / "broken-draft"
     broken_dir.mkdir()
     (broken_dir / "config.json").write_text("{not json")

@@ -13,8 +13,16 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
+
+from tuner.actuators.blue_green import BlueGreenActuator
+from tuner.actuators.drain_hold import DrainHoldActuator
+from tuner.actuators.front_door import InProcessTap
+from tuner.actuators.restart import RestartActuator
+from tuner.engine.process import free_port
+from tuner.lab.serve import LabServer
 
 
 @dataclass(frozen=True)
@@ -116,4 +124,60 @@ def reference_texts(url: str, model: str, prompts: Sequence[str], max_tokens: in
         return out
 
 
-__all__ = ["Outcome", "SteadyLoad", "complete", "reference_texts"]
+def lab_strategy_actuator(strategy: str, models_dir: Path, workdir: Path) -> tuple[RestartActuator, InProcessTap]:
+    """A restart-kind actuator of ``strategy`` (restart, drain_hold, blue_green) for a lab engine, with
+    an in-process tap in front (for ``restart`` the tap only forwards, as a plain reverse proxy would).
+    Nothing is started but the tap; ``actuator.start(config)`` starts the engine."""
+    port = free_port()
+    bare = LabServer(draft="none", k=0, port=port, models_dir=models_dir, workdir=workdir)
+    bare.tmp_dir.mkdir(parents=True, exist_ok=True)
+    tap = InProcessTap("127.0.0.1", 0, [bare.base_url], max_hold_s=300.0, max_held=100, read_timeout_s=300.0)
+    tap.start()
+    argv, log_path, env = bare.argv(), bare.log_path, bare.env()
+    actuator: RestartActuator
+    if strategy == "blue_green":
+        actuator = BlueGreenActuator(
+            argv,
+            free_port(),
+            log_path,
+            tap.client,
+            drain_timeout_s=60.0,
+            startup_timeout_s=300.0,
+            shutdown_timeout_s=10.0,
+            pass_shutdown_timeout=False,
+            env=env,
+        )
+    elif strategy == "drain_hold":
+        actuator = DrainHoldActuator(
+            argv,
+            bare.base_url,
+            log_path,
+            tap.client,
+            drain_timeout_s=60.0,
+            startup_timeout_s=300.0,
+            shutdown_timeout_s=10.0,
+            pass_shutdown_timeout=False,
+            env=env,
+        )
+    else:
+        actuator = RestartActuator(
+            argv,
+            f"{bare.base_url}/health",
+            log_path,
+            startup_timeout_s=300.0,
+            shutdown_timeout_s=10.0,
+            pass_shutdown_timeout=False,
+            env=env,
+        )
+    return actuator, tap
+
+
+def engine_url_of(actuator: RestartActuator) -> str:
+    """Where the actuator's engine serves now (blue/green moves between two ports)."""
+    url = getattr(actuator, "engine_url", None)
+    if isinstance(url, str):
+        return url
+    return actuator.health_url.rsplit("/", 1)[0]
+
+
+__all__ = ["Outcome", "SteadyLoad", "complete", "engine_url_of", "lab_strategy_actuator", "reference_texts"]
