@@ -19,7 +19,7 @@ from tuner.actuators import ApplyStatus
 from tuner.actuators.base import SpecConfig
 from tuner.actuators.front_door import InProcessTap
 from tuner.actuators.restart import RestartActuator
-from tuner.lab.apply_load import Outcome, SteadyLoad, lab_strategy_actuator, reference_texts
+from tuner.lab.apply_load import Outcome, SteadyLoad, engine_url_of, lab_strategy_actuator, reference_texts
 from tuner.lab.models import Manifest
 from tuner.lab.prompts import HARD, PREDICTABLE
 from tuner.lab.serve import SERVED_MODEL_NAME, speculative_config
@@ -68,7 +68,7 @@ def test_a_draft_swap_fails_no_request_and_changes_no_answer(
     strategy: tuple[str, RestartActuator, InProcessTap], lab_models: Manifest
 ) -> None:
     name, actuator, tap = strategy
-    engine_url = actuator.engine_url
+    engine_url = engine_url_of(actuator)
     reference = reference_texts(engine_url, SERVED_MODEL_NAME, PROMPTS, MAX_TOKENS)
     load = SteadyLoad(tap.url, SERVED_MODEL_NAME, PROMPTS, concurrency=4, max_tokens=MAX_TOKENS).start()
     time.sleep(3.0)  # steady state before the change
@@ -99,7 +99,7 @@ def test_drain_and_hold_serves_held_requests_from_the_restored_engine_when_the_d
     try:
         good = spec(lab_models, "good")
         assert actuator.start(good).status is ApplyStatus.APPLIED
-        engine_url = actuator.engine_url
+        engine_url = engine_url_of(actuator)
         reference = reference_texts(engine_url, SERVED_MODEL_NAME, PROMPTS, MAX_TOKENS)
         load = SteadyLoad(tap.url, SERVED_MODEL_NAME, PROMPTS, concurrency=4, max_tokens=MAX_TOKENS).start()
         time.sleep(3.0)
