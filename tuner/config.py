@@ -127,12 +127,7 @@ class FrontDoorSection(_Section):
     read_timeout_s: float = Field(default=600.0, gt=0, description="in-process tap: upstream first-byte/read timeout")
     warmup_requests: int = Field(default=3, ge=0, description="blue/green: completions sent to the new engine first")
 
-    @field_validator("engine_url", "control_url")
-    @classmethod
-    def _http(cls, value: str | None) -> str | None:
-        if value is not None and not re.match(r"^https?://[^/\s]+", value):
-            raise ValueError(f"{value!r} is not an http(s) URL; write http://127.0.0.1:PORT")
-        return value
+    _http = field_validator("engine_url", "control_url")(EngineSection._http.__func__)  # type: ignore[attr-defined]
 
     @model_validator(mode="after")
     def _one_tap(self) -> FrontDoorSection:

@@ -70,7 +70,7 @@ def test_release_expires_what_is_already_past_the_bound_instead_of_sending_it() 
 
 
 def test_release_of_a_count_takes_the_oldest() -> None:
-    queue, clock, decided = make()
+    queue, _, decided = make()
     tickets = [queue.enter(decided.append) for _ in range(3)]
     assert [t.seq for t in queue.release("http://a", count=1)] == [tickets[0].seq]  # type: ignore[union-attr]
     assert [t.seq for t in queue.release("http://b", count=5)] == [t.seq for t in tickets[1:]]  # type: ignore[union-attr]

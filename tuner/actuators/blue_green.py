@@ -18,7 +18,7 @@ import httpx
 from tuner.actuators.base import START_FAILED, ApplyImpact, ApplyResult, ApplyStatus, SpecConfig
 from tuner.actuators.drain_hold import impact_from
 from tuner.actuators.front_door import FrontDoorClient, FrontDoorError
-from tuner.actuators.restart import RestartActuator
+from tuner.actuators.restart import RestartActuator, argv_option
 from tuner.engine.process import EngineProcess, EngineStartError
 
 log = logging.getLogger(__name__)
@@ -28,24 +28,18 @@ WARMUP_PROMPT = "Hello"
 
 def with_port(argv: Sequence[str], port: int) -> list[str]:
     """``argv`` with its ``--port`` value replaced (the server command line must name one)."""
-    out = list(argv)
-    for i, arg in enumerate(out):
-        if arg == "--port" and i + 1 < len(out):
-            out[i + 1] = str(port)
-            return out
-        if arg.startswith("--port="):
-            out[i] = f"--port={port}"
-            return out
-    raise ValueError("the server command line has no --port; blue/green needs it to start a second engine")
+    port_of(argv)  # it must name one
+    return [
+        f"--port={port}" if arg.startswith("--port=") else str(port) if i and argv[i - 1] == "--port" else arg
+        for i, arg in enumerate(argv)
+    ]
 
 
 def port_of(argv: Sequence[str]) -> int:
-    for i, arg in enumerate(argv):
-        if arg == "--port" and i + 1 < len(argv):
-            return int(argv[i + 1])
-        if arg.startswith("--port="):
-            return int(arg.split("=", 1)[1])
-    raise ValueError("the server command line has no --port; blue/green needs it to start a second engine")
+    value = argv_option(argv, "--port")
+    if value is None:
+        raise ValueError("the server command line has no --port; blue/green needs it to start a second engine")
+    return int(value)
 
 
 def warm_up(base_url: str, requests: int, timeout_s: float = 120.0) -> float:

@@ -73,10 +73,9 @@ class DrainHoldActuator(RestartActuator):
 
     def apply(self, config: SpecConfig) -> ApplyResult:
         with self._lock:
-            if self.healthy():
-                unchanged = self._unchanged(config)
-                if unchanged:
-                    return unchanged
+            unchanged = self._in_force(config)
+            if unchanged:
+                return unchanged
             try:
                 self.door.hold(self.lease_s())
             except FrontDoorError as exc:

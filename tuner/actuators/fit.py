@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from tuner.actuators.restart import argv_option
+
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default --gpu-memory-utilization
 GPU_HEADROOM = 0.02  # CUDA context and allocator slack per process, as a share of the device
 
@@ -17,12 +19,8 @@ class Fit:
 
 def gpu_memory_utilization(argv: Sequence[str]) -> float:
     """``--gpu-memory-utilization`` from a vLLM command line (its default when absent)."""
-    for i, arg in enumerate(argv):
-        if arg == "--gpu-memory-utilization" and i + 1 < len(argv):
-            return float(argv[i + 1])
-        if arg.startswith("--gpu-memory-utilization="):
-            return float(arg.split("=", 1)[1])
-    return DEFAULT_GPU_MEMORY_UTILIZATION
+    value = argv_option(argv, "--gpu-memory-utilization")
+    return DEFAULT_GPU_MEMORY_UTILIZATION if value is None else float(value)
 
 
 def blue_green_fit(device: str, utilization: float, *, spare_device: bool = False) -> Fit:

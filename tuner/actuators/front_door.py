@@ -8,7 +8,6 @@ and the separate tap are driven the same way.
 from __future__ import annotations
 
 import asyncio
-import os
 import secrets
 import threading
 import time
@@ -20,6 +19,7 @@ import uvicorn
 
 from collectors.front_door import CONTROL_PATH, FrontDoor
 from collectors.tap import TapProxy, bind_listen, create_tap_app
+from tuner.actuators.live import load_or_create_secret
 
 
 class FrontDoorError(RuntimeError):
@@ -29,18 +29,7 @@ class FrontDoorError(RuntimeError):
 def load_or_create_control_token(path: Path) -> str:
     """The control token in ``path``; a new random one written 0600 when the file does not exist.
     An empty file is an error: an empty token would let any local process drive the door."""
-    try:
-        token = path.read_text().strip()
-    except FileNotFoundError:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        token = secrets.token_urlsafe(32)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(token + "\n")
-        return token
-    if not token:
-        raise ValueError(f"control token file {path} is empty; delete it (a new one is made) or put a secret in it")
-    return token
+    return load_or_create_secret(path, "control token file", "delete it (a new one is made) or put a secret in it")
 
 
 class FrontDoorClient:

@@ -34,6 +34,16 @@ def server_argv(base_argv: Sequence[str], config: SpecConfig | None, shutdown_ti
     return argv
 
 
+def argv_option(argv: Sequence[str], name: str) -> str | None:
+    """The value of ``name`` (``--flag V`` or ``--flag=V``) on a command line, None when absent."""
+    for i, arg in enumerate(argv):
+        if arg == name and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
 def _alive_reaping(pgid: int) -> bool:
     """Whether any process of group ``pgid`` still runs. Zombies do not count: an orphaned engine's
     exited processes wait for whoever adopted them (PID 1 in a container may never reap them)."""
@@ -168,11 +178,11 @@ class RestartActuator(Actuator):
 
     def apply(self, config: SpecConfig) -> ApplyResult:
         with self._lock:
-            if self.healthy():
-                unchanged = self._unchanged(config)
-                if unchanged:
-                    return unchanged
-            return self._replace(config)
+            return self._in_force(config) or self._replace(config)
+
+    def _in_force(self, config: SpecConfig) -> ApplyResult | None:
+        """UNCHANGED when the engine is up and already runs ``config`` (a dead one is restarted)."""
+        return self._unchanged(config) if self.healthy() else None
 
     def switching_cost_s(self, config: SpecConfig) -> float | None:
         """A plain restart costs its serving gap: the last one measured (None before any: the

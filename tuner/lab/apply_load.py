@@ -14,6 +14,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -133,42 +134,17 @@ def lab_strategy_actuator(strategy: str, models_dir: Path, workdir: Path) -> tup
     bare.tmp_dir.mkdir(parents=True, exist_ok=True)
     tap = InProcessTap("127.0.0.1", 0, [bare.base_url], max_hold_s=300.0, max_held=100, read_timeout_s=300.0)
     tap.start()
-    argv, log_path, env = bare.argv(), bare.log_path, bare.env()
+    argv, log_path = bare.argv(), bare.log_path
+    timing: dict[str, Any] = {
+        "startup_timeout_s": 300.0, "shutdown_timeout_s": 10.0, "pass_shutdown_timeout": False, "env": bare.env(),
+    }
     actuator: RestartActuator
     if strategy == "blue_green":
-        actuator = BlueGreenActuator(
-            argv,
-            free_port(),
-            log_path,
-            tap.client,
-            drain_timeout_s=60.0,
-            startup_timeout_s=300.0,
-            shutdown_timeout_s=10.0,
-            pass_shutdown_timeout=False,
-            env=env,
-        )
+        actuator = BlueGreenActuator(argv, free_port(), log_path, tap.client, drain_timeout_s=60.0, **timing)
     elif strategy == "drain_hold":
-        actuator = DrainHoldActuator(
-            argv,
-            bare.base_url,
-            log_path,
-            tap.client,
-            drain_timeout_s=60.0,
-            startup_timeout_s=300.0,
-            shutdown_timeout_s=10.0,
-            pass_shutdown_timeout=False,
-            env=env,
-        )
+        actuator = DrainHoldActuator(argv, bare.base_url, log_path, tap.client, drain_timeout_s=60.0, **timing)
     else:
-        actuator = RestartActuator(
-            argv,
-            f"{bare.base_url}/health",
-            log_path,
-            startup_timeout_s=300.0,
-            shutdown_timeout_s=10.0,
-            pass_shutdown_timeout=False,
-            env=env,
-        )
+        actuator = RestartActuator(argv, f"{bare.base_url}/health", log_path, **timing)
     return actuator, tap
 
 
