@@ -3,8 +3,12 @@ behind a real in-process tap, with clients sending requests all through each cha
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -72,7 +76,7 @@ def tap_for() -> Iterator[object]:
 
 
 @pytest.fixture
-def drain_hold(tmp_path: Path, tap_for) -> Iterator[tuple[DrainHoldActuator, InProcessTap, int]]:  # type: ignore[no-untyped-def]
+def drain_hold(tmp_path: Path, tap_for) -> Iterator[tuple[DrainHoldActuator, InProcessTap, int]]:
     port = free_port()
     tap = tap_for(f"http://127.0.0.1:{port}")
     act = DrainHoldActuator(
@@ -92,7 +96,7 @@ def drain_hold(tmp_path: Path, tap_for) -> Iterator[tuple[DrainHoldActuator, InP
 
 
 @pytest.fixture
-def blue_green(tmp_path: Path, tap_for) -> Iterator[tuple[BlueGreenActuator, InProcessTap]]:  # type: ignore[no-untyped-def]
+def blue_green(tmp_path: Path, tap_for) -> Iterator[tuple[BlueGreenActuator, InProcessTap]]:
     port, alt = free_port(), free_port()
     tap = tap_for(f"http://127.0.0.1:{port}")
     act = BlueGreenActuator(
@@ -176,7 +180,7 @@ def test_blue_green_failure_leaves_the_old_engine_serving(blue_green: tuple[Blue
 
 
 @pytest.fixture
-def rolling(tmp_path: Path, tap_for) -> Iterator[tuple[RollingActuator, InProcessTap, list[int]]]:  # type: ignore[no-untyped-def]
+def rolling(tmp_path: Path, tap_for) -> Iterator[tuple[RollingActuator, InProcessTap, list[int]]]:
     ports = [free_port(), free_port()]
     urls = [f"http://127.0.0.1:{p}" for p in ports]
     tap = tap_for(urls[0])
@@ -228,3 +232,36 @@ def test_rolling_apply_stops_and_rolls_back_on_a_regression(
     assert seen == [0]
     assert [served(p) for p in ports] == [K3, K3] and act.current == K3
     assert set(load.statuses) == {200}
+
+
+def test_drain_and_hold_restarts_a_dead_engine_with_arrivals_held(tmp_path: Path, tap_for) -> None:
+    port = free_port()
+    tap = tap_for(f"http://127.0.0.1:{port}")
+    # Each start takes a second or more, so the restart below is still under way when the request comes.
+    act = DrainHoldActuator(
+        fake_engine_argv(port, "--startup-delay-s", "1"),
+        f"http://127.0.0.1:{port}",
+        tmp_path / "engine.log",
+        tap.client,
+        drain_timeout_s=10,
+        startup_timeout_s=30,
+        shutdown_timeout_s=2,
+    )
+    assert act.start(K3).status is ApplyStatus.APPLIED
+    try:
+        assert act.process is not None and act.process.pid is not None
+        os.killpg(act.process.pid, signal.SIGKILL)
+        act.process.stop()  # reaps it; the health job finds it dead
+        with ThreadPoolExecutor(1) as pool:
+            restarted = pool.submit(act.ensure_running)
+            deadline = time.monotonic() + 30
+            while not tap.client.state()["holding"]:
+                assert time.monotonic() < deadline and not restarted.done()
+                time.sleep(0.01)
+            response = httpx.post(f"{tap.url}/v1/completions", json={"model": "m", "max_tokens": 2}, timeout=60)
+            result = restarted.result(timeout=60)
+        assert result is not None and result.status is ApplyStatus.APPLIED
+        assert response.status_code == 200 and served(port) == K3
+        assert tap.client.state()["period"]["held"] == 1
+    finally:
+        act.stop()

@@ -85,7 +85,10 @@ class DrainHoldActuator(RestartActuator):
             t0 = time.monotonic()
             drain_s: float | None = None
             try:
-                drain_s = float(self.door.drain(self.engine_url, self.drain_timeout_s)["drain_s"])
+                try:
+                    drain_s = float(self.door.drain(self.engine_url, self.drain_timeout_s)["drain_s"])
+                except FrontDoorError as exc:  # the engine's own --shutdown-timeout still drains
+                    log.error("drain-and-hold: drain through the front door failed (%s); restarting anyway", exc)
                 result = self._replace(config)
             finally:
                 state = self._release()
@@ -93,6 +96,21 @@ class DrainHoldActuator(RestartActuator):
             self.last_impact = impact
             log.info("drain-and-hold: %s in %.1f s; %s", result.status.value, time.monotonic() - t0, impact)
             return dataclasses.replace(result, impact=impact)
+
+    def ensure_running(self) -> ApplyResult | None:
+        """A dead engine is restarted with new arrivals held meanwhile, as for an apply."""
+        with self._lock:
+            if self.process is not None and self.process.alive():
+                return None
+            try:
+                self.door.hold(self.lease_s())
+            except FrontDoorError as exc:
+                log.error("drain-and-hold: front door unreachable (%s); restarting the engine without a hold", exc)
+                return super().ensure_running()
+            try:
+                return super().ensure_running()
+            finally:
+                self._release()
 
     def _release(self) -> dict[str, Any]:
         try:

@@ -26,6 +26,9 @@ from tuner.engine.process import free_port
 from tuner.lab.serve import LabServer
 
 
+RETRY_PAUSE_S = 1.0
+
+
 @dataclass(frozen=True)
 class Outcome:
     prompt: str
@@ -100,6 +103,9 @@ class SteadyLoad:
                 with self._lock:
                     self.outcomes.append(outcome)
                 n += 1
+                if not outcome.ok:
+                    # A client retrying at once would count one outage as thousands of failures.
+                    self._stop.wait(RETRY_PAUSE_S)
 
     def start(self) -> SteadyLoad:
         for t in self._threads:
