@@ -8,8 +8,8 @@ the actuator swaps to the good draft; the load runs on a while and stops. Report
 - p50/p99 latency of requests entirely before the change (steady) and of requests that overlapped
   it (started before it ended and ended after it began), and their ratio;
 - requests failed or cut short (the restart strategy's are the comparison: a plain reverse proxy
-  in front of a restarting engine; a client pauses 1 s after a failure), requests held and the longest hold (from the front door),
-  total change time (the apply call), drain and warm-up time.
+  in front of a restarting engine; a client pauses 1 s after a failure), requests held and the
+  longest hold (from the front door), total change time (the apply call), drain and warm-up time.
 
 Writes bench/results/apply.json and bench/results/apply.md.
 

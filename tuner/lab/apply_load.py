@@ -25,7 +25,6 @@ from tuner.actuators.restart import RestartActuator
 from tuner.engine.process import free_port
 from tuner.lab.serve import LabServer
 
-
 RETRY_PAUSE_S = 1.0
 
 
