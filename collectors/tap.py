@@ -458,8 +458,11 @@ class TapProxy:
         body = await _read_body(receive, 64 * 1024)
         if body is None:
             return
+        if body is _TOO_LARGE:
+            await send_json(send, 413, {"error": {"message": "control request over 64 KiB", "code": 413}})
+            return
         try:
-            request = json.loads(body) if body and body is not _TOO_LARGE else {"op": "state"}
+            request = json.loads(body) if body else {"op": "state"}
             if not isinstance(request, dict):
                 raise ControlError("the body must be a JSON object with an 'op'")
             answer = await self.door.control(request)
