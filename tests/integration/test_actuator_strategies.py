@@ -75,20 +75,20 @@ def tap_for() -> Iterator[object]:
         tap.stop()
 
 
-@pytest.fixture
-def drain_hold(tmp_path: Path, tap_for) -> Iterator[tuple[DrainHoldActuator, InProcessTap, int]]:
+def start_drain_hold(tmp_path: Path, tap_for, *engine_args: str) -> tuple[DrainHoldActuator, InProcessTap, int]:
     port = free_port()
     tap = tap_for(f"http://127.0.0.1:{port}")
     act = DrainHoldActuator(
-        fake_engine_argv(port),
-        f"http://127.0.0.1:{port}",
-        tmp_path / "engine.log",
-        tap.client,
-        drain_timeout_s=10,
-        startup_timeout_s=30,
-        shutdown_timeout_s=2,
+        fake_engine_argv(port, *engine_args), f"http://127.0.0.1:{port}", tmp_path / "engine.log", tap.client,
+        drain_timeout_s=10, startup_timeout_s=30, shutdown_timeout_s=2,
     )
     assert act.start(K3).status is ApplyStatus.APPLIED
+    return act, tap, port
+
+
+@pytest.fixture
+def drain_hold(tmp_path: Path, tap_for) -> Iterator[tuple[DrainHoldActuator, InProcessTap, int]]:
+    act, tap, port = start_drain_hold(tmp_path, tap_for)
     try:
         yield act, tap, port
     finally:
@@ -235,19 +235,8 @@ def test_rolling_apply_stops_and_rolls_back_on_a_regression(
 
 
 def test_drain_and_hold_restarts_a_dead_engine_with_arrivals_held(tmp_path: Path, tap_for) -> None:
-    port = free_port()
-    tap = tap_for(f"http://127.0.0.1:{port}")
     # Each start takes a second or more, so the restart below is still under way when the request comes.
-    act = DrainHoldActuator(
-        fake_engine_argv(port, "--startup-delay-s", "1"),
-        f"http://127.0.0.1:{port}",
-        tmp_path / "engine.log",
-        tap.client,
-        drain_timeout_s=10,
-        startup_timeout_s=30,
-        shutdown_timeout_s=2,
-    )
-    assert act.start(K3).status is ApplyStatus.APPLIED
+    act, tap, port = start_drain_hold(tmp_path, tap_for, "--startup-delay-s", "1")
     try:
         assert act.process is not None and act.process.pid is not None
         os.killpg(act.process.pid, signal.SIGKILL)
