@@ -31,6 +31,8 @@ def blue_green_fit(device: str, utilization: float, *, spare_device: bool = Fals
     - one GPU: both engines claim ``utilization`` of it; they fit when 2 × utilization plus headroom
       stays within the device (e.g. ``--gpu-memory-utilization 0.45``)."""
     if device == "cpu":
+        # vLLM's CPU backend pins each engine to cores (VLLM_CPU_OMP_THREADS_BIND): give the engines
+        # disjoint cores, or "nobind", or the new one starts on a core the old keeps busy.
         return Fit(True, "CPU engine: a second engine takes its own host memory")
     if spare_device:
         return Fit(True, "a spare GPU holds the new engine while the old one serves")

@@ -26,6 +26,9 @@ from tuner.engine.process import free_port
 from tuner.lab.serve import LabServer
 
 RETRY_PAUSE_S = 1.0
+# vLLM's CPU backend pins each engine's worker to a core ("auto": the first one): a second engine beside
+# a serving one would share its pinned, busy core and take minutes to start. Unpinned, the OS shares.
+SIDE_BY_SIDE_CPU_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}
 
 
 @dataclass(frozen=True)
@@ -140,8 +143,9 @@ def lab_strategy_actuator(strategy: str, models_dir: Path, workdir: Path) -> tup
     tap = InProcessTap("127.0.0.1", 0, [bare.base_url], max_hold_s=300.0, max_held=100, read_timeout_s=300.0)
     tap.start()
     argv, log_path = bare.argv(), bare.log_path
+    env = {**bare.env(), **(SIDE_BY_SIDE_CPU_ENV if strategy == "blue_green" else {})}
     timing: dict[str, Any] = {
-        "startup_timeout_s": 300.0, "shutdown_timeout_s": 10.0, "pass_shutdown_timeout": False, "env": bare.env(),
+        "startup_timeout_s": 300.0, "shutdown_timeout_s": 10.0, "pass_shutdown_timeout": False, "env": env,
     }
     actuator: RestartActuator
     if strategy == "blue_green":

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tuner.lab.apply_load import SIDE_BY_SIDE_CPU_ENV
 from tuner.lab.serve import LabServer
 
 LAB_STEP_COST: dict[str, float] = {
@@ -102,7 +103,7 @@ def lab_daemon_config(
             "actuator.restart",
             {"argv": bare.argv(), "startup_timeout_s": 300.0, "shutdown_timeout_s": 5.0,
              "log_path": str(log_path or server.log_path), "pass_shutdown_timeout": False,
-             "env": server.env()},
+             "env": {**server.env(), **(SIDE_BY_SIDE_CPU_ENV if settings.blue_green_port else {})}},
         ),
         _table(
             "policy",
