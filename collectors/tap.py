@@ -70,6 +70,7 @@ DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024  # far above any prompt a 512k-token c
 DEFAULT_READ_TIMEOUT_S = 600.0  # first byte / between chunks: above a long generation's silence
 STATS_PATH = "/_spectuner/tap"
 SWITCH_INTERVAL_S = 0.0005
+ERROR_LOG_INTERVAL_S = 10.0
 
 # ASGI, spelled out (the tap is a plain ASGI app; see ``create_tap_app``).
 Scope = MutableMapping[str, Any]
@@ -173,6 +174,7 @@ class TapProxy:
         )
         self._lean = self._transport if isinstance(self._transport, UpstreamTransport) else None
         self._targets: dict[str, _Target] = {}
+        self._error_log: dict[str, tuple[float, int]] = {}  # kind -> (last logged, not logged since)
 
     async def aclose(self) -> None:
         await self._transport.aclose()
@@ -423,8 +425,19 @@ class TapProxy:
             + ("did not answer in time" if status == 504 else "is unreachable")
             + f" ({type(exc).__name__}: {exc}). Is vLLM running there? Check `spectuner tap --upstream`."
         )
-        logger.warning("tap %s: %s", upstream_url, message)
+        self._log_error(kind, f"tap {upstream_url}: {message}")
         await send_json(send, status, {"error": {"message": message, "type": kind, "code": status}})
+
+    def _log_error(self, kind: str, text: str) -> None:
+        """One line per kind of upstream error at most every ``ERROR_LOG_INTERVAL_S``, with how many
+        were not logged: an engine starting or gone is hundreds of identical errors a minute."""
+        now = time.monotonic()
+        last, quiet = self._error_log.get(kind, (-ERROR_LOG_INTERVAL_S, 0))
+        if now - last < ERROR_LOG_INTERVAL_S:
+            self._error_log[kind] = (last, quiet + 1)
+            return
+        self._error_log[kind] = (now, 0)
+        logger.warning("%s%s", text, f" (and {quiet} more like it since the last line)" if quiet else "")
 
     async def _too_large(self, send: Send) -> None:
         self.stats.upstream_errors["body_too_large"] += 1

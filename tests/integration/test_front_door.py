@@ -309,3 +309,14 @@ def test_tap_cli_refuses_an_empty_control_token_file(tmp_path: Path) -> None:
     )
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 2 and b"empty" in err
+
+
+def test_an_unreachable_upstream_is_logged_once_per_interval_not_per_request(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    proxy = TapProxy(f"http://127.0.0.1:{free_port()}", None, connect_timeout_s=1)
+    with ThreadedServer(create_tap_app(proxy)) as server, caplog.at_level("WARNING", logger="collectors.tap"):
+        statuses = [httpx.get(f"{server.url}/health", timeout=30).status_code for _ in range(5)]
+    assert statuses == [502] * 5
+    lines = [r for r in caplog.records if "unreachable" in r.getMessage()]
+    assert len(lines) == 1 and proxy.stats.upstream_errors["upstream_unavailable"] == 5
