@@ -126,6 +126,19 @@ class FrontDoorSection(_Section):
     drain_timeout_s: float = Field(default=30.0, gt=0, description="longest wait for in-flight requests to finish")
     read_timeout_s: float = Field(default=600.0, gt=0, description="in-process tap: upstream first-byte/read timeout")
     warmup_requests: int = Field(default=3, ge=0, description="blue/green: completions sent to the new engine first")
+    env_by_port: dict[str, dict[str, str]] = Field(
+        default_factory=dict,
+        description='blue/green: extra environment for the engine on a port, e.g. { "8002" = '
+        '{ VLLM_CPU_OMP_THREADS_BIND = "1" } } so two CPU engines do not share cores',
+    )
+
+    @field_validator("env_by_port")
+    @classmethod
+    def _ports(cls, value: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
+        bad = [k for k in value if not k.isdigit() or not 0 < int(k) < 65536]
+        if bad:
+            raise ValueError(f"env_by_port keys must be port numbers but got {bad}")
+        return value
 
     _http = field_validator("engine_url", "control_url")(EngineSection._http.__func__)  # type: ignore[attr-defined]
 

@@ -97,3 +97,17 @@ def test_event_data_carries_the_strategy_and_client_impact() -> None:
     assert data["strategy"] == "drain_hold" and data["requests_held"] == 7 and data["longest_hold_s"] == 41.5
     assert data["requests_failed"] == 0 and data["drain_s"] == 1.2 and data["warmup_s"] is None
     assert "strategy" not in ApplyResult(ApplyStatus.APPLIED, "ok", None).event_data()
+
+
+def test_blue_green_gives_each_port_its_own_extra_environment(tmp_path: Any) -> None:
+    from tuner.actuators.blue_green import BlueGreenActuator
+    from tuner.actuators.front_door import FrontDoorClient
+
+    act = BlueGreenActuator(
+        ARGV, 8002, tmp_path / "engine.log", FrontDoorClient("http://127.0.0.1:1", "t"), env={"A": "1"},
+        env_by_port={8000: {"BIND": "0"}, 8002: {"BIND": "1"}},
+    )
+    assert act._server_env() == {"A": "1", "BIND": "0"} and act._server_argv(None)[-1] == "8000"
+    act._use_port(8002)
+    assert act._server_env() == {"A": "1", "BIND": "1"} and act._server_argv(None)[-1] == "8002"
+    assert act.health_url == "http://127.0.0.1:8002/v1/models" and act.log_path.name == "engine.8002.log"

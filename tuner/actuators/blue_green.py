@@ -83,8 +83,12 @@ class BlueGreenActuator(RestartActuator):
         shutdown_timeout_s: float = 30.0,
         pass_shutdown_timeout: bool = True,
         env: Mapping[str, str] | None = None,
+        env_by_port: Mapping[int, Mapping[str, str]] | None = None,
     ) -> None:
         self.ports = (port_of(argv), alt_port)
+        # Extra environment per port, e.g. disjoint CPU cores (VLLM_CPU_OMP_THREADS_BIND) so the new engine
+        # does not start on a core the serving one keeps busy.
+        self.env_by_port = {p: dict(e) for p, e in (env_by_port or {}).items()}
         if self.ports[0] == alt_port:
             raise ValueError(f"blue_green_port {alt_port} is the engine's own --port; pick another")
         self.host = host
@@ -118,6 +122,9 @@ class BlueGreenActuator(RestartActuator):
         self.health_url = self.ready_url_for(port)
         stem = self.primary_log_path
         self.log_path = stem if port == self.ports[0] else stem.with_name(f"{stem.stem}.{port}{stem.suffix}")
+
+    def _server_env(self) -> dict[str, str]:
+        return {**self.env, **self.env_by_port.get(self.port, {})}
 
     def _server_argv(self, config: SpecConfig | None) -> list[str]:
         return with_port(super()._server_argv(config), self.port)

@@ -135,7 +135,7 @@ class RestartActuator(Actuator):
             argv=self._server_argv(config),
             health_url=self.health_url,
             log_path=self.log_path,
-            env=self.env,
+            env=self._server_env(),
             startup_timeout_s=self.startup_timeout_s,
             stop_timeout_s=self.shutdown_timeout_s + 10.0,
         )
@@ -146,6 +146,9 @@ class RestartActuator(Actuator):
         except EngineStartError:
             self.process = None
             raise
+
+    def _server_env(self) -> dict[str, str]:
+        return self.env
 
     def _server_argv(self, config: SpecConfig | None) -> list[str]:
         return server_argv(self.base_argv, config, self.shutdown_timeout_s if self.pass_shutdown_timeout else None)

@@ -98,7 +98,8 @@ def build_restart_strategy(
         assert door.blue_green_port is not None
         actuator = OwnedBlueGreen(
             restart.argv, door.blue_green_port, log_path, client, warmup_requests=door.warmup_requests,
-            drain_timeout_s=door.drain_timeout_s, **common,  # type: ignore[arg-type]
+            drain_timeout_s=door.drain_timeout_s, env_by_port={int(p): e for p, e in door.env_by_port.items()},
+            **common,  # type: ignore[arg-type]
         )
     else:
         actuator = OwnedDrainHold(

@@ -9,6 +9,7 @@ overlapped the change.
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -26,9 +27,14 @@ from tuner.engine.process import free_port
 from tuner.lab.serve import LabServer
 
 RETRY_PAUSE_S = 1.0
-# vLLM's CPU backend pins each engine's worker to a core ("auto": the first one): a second engine beside
-# a serving one would share its pinned, busy core and take minutes to start. Unpinned, the OS shares.
-SIDE_BY_SIDE_CPU_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+
+
+def side_by_side_cpu_env(ports: tuple[int, int]) -> dict[int, dict[str, str]]:
+    """vLLM's CPU backend pins each engine's worker to a core ("auto": the first one): a second engine
+    beside a serving one would share its pinned, busy core and take minutes to start. Blue/green on
+    the lab pins the engine on each port to its own core instead (unpinned engines run far slower)."""
+    cores = max(1, os.cpu_count() or 1)
+    return {port: {"VLLM_CPU_OMP_THREADS_BIND": str(i % cores)} for i, port in enumerate(ports)}
 
 
 @dataclass(frozen=True)
@@ -143,13 +149,16 @@ def lab_strategy_actuator(strategy: str, models_dir: Path, workdir: Path) -> tup
     tap = InProcessTap("127.0.0.1", 0, [bare.base_url], max_hold_s=300.0, max_held=100, read_timeout_s=300.0)
     tap.start()
     argv, log_path = bare.argv(), bare.log_path
-    env = {**bare.env(), **(SIDE_BY_SIDE_CPU_ENV if strategy == "blue_green" else {})}
     timing: dict[str, Any] = {
-        "startup_timeout_s": 300.0, "shutdown_timeout_s": 10.0, "pass_shutdown_timeout": False, "env": env,
+        "startup_timeout_s": 300.0, "shutdown_timeout_s": 10.0, "pass_shutdown_timeout": False, "env": bare.env(),
     }
     actuator: RestartActuator
     if strategy == "blue_green":
-        actuator = BlueGreenActuator(argv, free_port(), log_path, tap.client, drain_timeout_s=60.0, **timing)
+        alt = free_port()
+        actuator = BlueGreenActuator(
+            argv, alt, log_path, tap.client, drain_timeout_s=60.0, env_by_port=side_by_side_cpu_env((port, alt)),
+            **timing,
+        )
     elif strategy == "drain_hold":
         actuator = DrainHoldActuator(argv, bare.base_url, log_path, tap.client, drain_timeout_s=60.0, **timing)
     else:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tuner.lab.apply_load import SIDE_BY_SIDE_CPU_ENV
+from tuner.lab.apply_load import side_by_side_cpu_env
 from tuner.lab.serve import LabServer
 
 LAB_STEP_COST: dict[str, float] = {
@@ -103,7 +103,7 @@ def lab_daemon_config(
             "actuator.restart",
             {"argv": bare.argv(), "startup_timeout_s": 300.0, "shutdown_timeout_s": 5.0,
              "log_path": str(log_path or server.log_path), "pass_shutdown_timeout": False,
-             "env": {**server.env(), **(SIDE_BY_SIDE_CPU_ENV if settings.blue_green_port else {})}},
+             "env": server.env()},
         ),
         _table(
             "policy",
@@ -139,7 +139,10 @@ def lab_daemon_config(
                 "actuator.front_door",
                 {"engine_url": server.base_url, "listen": f"127.0.0.1:{settings.front_door_port}",
                  "blue_green_port": settings.blue_green_port, "device": "cpu", "max_hold_s": 300.0,
-                 "drain_timeout_s": 60.0},
+                 "drain_timeout_s": 60.0,
+                 "env_by_port": {
+                     str(p): e for p, e in side_by_side_cpu_env((server.port, settings.blue_green_port)).items()
+                 } if settings.blue_green_port and server.port else None},
             )
         )
     for name in settings.candidates:
