@@ -107,7 +107,7 @@ def test_blue_green_gives_each_port_its_own_extra_environment(tmp_path: Any) -> 
         ARGV, 8002, tmp_path / "engine.log", FrontDoorClient("http://127.0.0.1:1", "t"), env={"A": "1"},
         env_by_port={8000: {"BIND": "0"}, 8002: {"BIND": "1"}},
     )
-    assert act._server_env() == {"A": "1", "BIND": "0"} and act._server_argv(None)[-1] == "8000"
+    assert act._server_env() == {"A": "1", "BIND": "0"} and port_of(act._server_argv(None)) == 8000
     act._use_port(8002)
-    assert act._server_env() == {"A": "1", "BIND": "1"} and act._server_argv(None)[-1] == "8002"
+    assert act._server_env() == {"A": "1", "BIND": "1"} and port_of(act._server_argv(None)) == 8002
     assert act.health_url == "http://127.0.0.1:8002/v1/models" and act.log_path.name == "engine.8002.log"
