@@ -58,7 +58,7 @@ def run_one(strategy: str, models_dir: Path, steady_s: float, after_s: float) ->
     manifest = build_models(models_dir)
     weak, good = speculative_config(manifest, "weak", 3), speculative_config(manifest, "good", 3)
     assert weak is not None and good is not None
-    with tempfile.TemporaryDirectory(prefix="bench-apply-", dir=REPO / ".lab") as work:
+    with tempfile.TemporaryDirectory(prefix="bench-apply-") as work:
         actuator, tap = lab_strategy_actuator(strategy, models_dir, Path(work) / "engine")
         try:
             started = actuator.start(weak)
