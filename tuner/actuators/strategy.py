@@ -10,7 +10,7 @@ from collectors.tap import parse_listen
 from tuner.actuators.blue_green import BlueGreenActuator
 from tuner.actuators.drain_hold import DrainHoldActuator
 from tuner.actuators.fit import Fit, blue_green_fit, gpu_memory_utilization
-from tuner.actuators.front_door import FrontDoorClient, InProcessTap, load_or_create_control_token
+from tuner.actuators.front_door import FrontDoorClient, FrontDoorError, InProcessTap, load_or_create_control_token
 from tuner.actuators.restart import RestartActuator
 from tuner.config import ActuatorSection, FrontDoorSection
 
@@ -60,10 +60,15 @@ def front_door_client(
     """The control client, starting the in-process tap when ``listen`` is set."""
     if door.listen is not None:
         host, port = parse_listen(door.listen)
-        tap = InProcessTap(
-            host, port, [door.engine_url], max_hold_s=door.max_hold_s, max_held=door.max_held_requests,
-            read_timeout_s=door.read_timeout_s,
-        )
+        try:
+            tap = InProcessTap(
+                host, port, [door.engine_url], max_hold_s=door.max_hold_s, max_held=door.max_held_requests,
+                read_timeout_s=door.read_timeout_s,
+            )
+        except OSError as exc:
+            raise FrontDoorError(
+                f"actuator.front_door.listen {door.listen}: cannot listen ({exc.strerror or exc}); is the port in use?"
+            ) from None
         tap.start()
         return tap.client, tap
     assert door.control_url is not None and door.control_token_file is not None
