@@ -115,8 +115,63 @@ class LiveActuatorSection(_Section):
     control_timeout_s: float = Field(default=3.0, gt=0, description="control-channel request timeout")
 
 
+class FrontDoorSection(_Section):
+    """The tap in front of a restart-managed engine (docs/controller.md, "Changes without an outage"):
+    clients talk to the tap; an apply holds or switches there instead of failing requests."""
+
+    engine_url: str = Field(description="where the tap reaches the engine: http://127.0.0.1:PORT (argv's --port)")
+    listen: str | None = Field(
+        default=None, description="run the tap inside the sidecar on this 127.0.0.1:PORT (clients connect there)"
+    )
+    control_url: str | None = Field(
+        default=None, description="or drive a separate `spectuner tap --control-token-file F` at this URL"
+    )
+    control_token_file: str | None = Field(default=None, description="that tap's control token file (0600)")
+    blue_green_port: int | None = Field(
+        default=None, gt=0, lt=65536, description="second local port for the new engine (blue/green)"
+    )
+    device: Literal["cpu", "gpu"] = Field(default="gpu", description="where the engine runs (the blue/green fit)")
+    spare_gpu: bool = Field(default=False, description="a free GPU can hold the new engine beside the old one")
+    max_hold_s: float = Field(default=120.0, gt=0, description="longest a request is held; then 503 + Retry-After")
+    max_held_requests: int = Field(default=1000, ge=1, description="held requests beyond this get a 503 at once")
+    drain_timeout_s: float = Field(default=30.0, gt=0, description="longest wait for in-flight requests to finish")
+    read_timeout_s: float = Field(default=600.0, gt=0, description="in-process tap: upstream first-byte/read timeout")
+    warmup_requests: int = Field(default=3, ge=0, description="blue/green: completions sent to the new engine first")
+    env_by_port: dict[str, dict[str, str]] = Field(
+        default_factory=dict,
+        description='blue/green: extra environment for the engine on a port, e.g. { "8002" = '
+        '{ VLLM_CPU_OMP_THREADS_BIND = "1" } } so two CPU engines do not share cores',
+    )
+
+    @field_validator("env_by_port")
+    @classmethod
+    def _ports(cls, value: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
+        bad = [k for k in value if not k.isdigit() or not 0 < int(k) < 65536]
+        if bad:
+            raise ValueError(f"env_by_port keys must be port numbers but got {bad}")
+        return value
+
+    _http = field_validator("engine_url", "control_url")(EngineSection._http.__func__)  # type: ignore[attr-defined]
+
+    @model_validator(mode="after")
+    def _one_tap(self) -> FrontDoorSection:
+        if (self.listen is None) == (self.control_url is None):
+            raise ValueError("set exactly one of listen (a tap inside the sidecar) or control_url (a separate tap)")
+        if self.control_url is not None and self.control_token_file is None:
+            raise ValueError(
+                "control_url needs control_token_file (the file given to `spectuner tap --control-token-file`)"
+            )
+        return self
+
+
 class ActuatorSection(_Section):
     kind: Literal["restart", "command", "webhook", "live", "none"] = "none"
+    strategy: Literal["auto", "blue_green", "drain_hold", "restart"] = Field(
+        default="auto",
+        description="how a restart apply spares clients: auto = blue_green when a second engine fits, else "
+        "drain_hold (both need [actuator.front_door]); without a front door, a plain restart",
+    )
+    front_door: FrontDoorSection | None = None
     restart: RestartActuatorSection | None = None
     command: CommandActuatorSection | None = None
     webhook: WebhookActuatorSection | None = None
@@ -126,6 +181,10 @@ class ActuatorSection(_Section):
     def _table_for_kind(self) -> ActuatorSection:
         if self.kind != "none" and getattr(self, self.kind) is None:
             raise ValueError(f"kind is {self.kind!r} but there is no [actuator.{self.kind}] table; add one")
+        if self.strategy in ("blue_green", "drain_hold") and self.front_door is None:
+            raise ValueError(f"strategy is {self.strategy!r} but there is no [actuator.front_door] table; add one")
+        if self.strategy == "blue_green" and self.front_door is not None and self.front_door.blue_green_port is None:
+            raise ValueError("strategy is 'blue_green' but actuator.front_door.blue_green_port is not set")
         live = self.live if self.kind == "live" else None
         if live is not None and live.fallback != "none" and getattr(self, live.fallback) is None:
             raise ValueError(

@@ -14,8 +14,10 @@ from collectors.step_ingest import StepFeed, StepIngestServer
 from collectors.vllm_plugin.client import ControlClient
 from collectors.vllm_plugin.wire import STEPS_PATH
 from policies.draft_choice import DraftCandidate
-from tuner.actuators import Actuator, CommandActuator, NullActuator, RestartActuator, WebhookActuator
+from tuner.actuators import Actuator, CommandActuator, NullActuator, WebhookActuator
+from tuner.actuators.front_door import FrontDoorError
 from tuner.actuators.live import LiveActuator, plugin_env, shared_plugin_token
+from tuner.actuators.strategy import build_restart_strategy
 from tuner.config import SpectunerConfig
 from tuner.controller.candidates import build_candidate
 from tuner.controller.drafts import registered_drafts
@@ -98,15 +100,17 @@ def build_actuator(config: SpectunerConfig, feed: StepFeed | None = None, kind: 
             min_evidence_steps=a.live.min_evidence_steps,
         )
     if kind == "restart" and a.restart is not None:
-        return RestartActuator(
-            a.restart.argv,
-            health_url_for(config),
-            config.resolve(a.restart.log_path),
-            startup_timeout_s=a.restart.startup_timeout_s,
-            shutdown_timeout_s=a.restart.shutdown_timeout_s,
-            pass_shutdown_timeout=a.restart.pass_shutdown_timeout,
-            env={**a.restart.env, **engine_plugin_env(config)},
-        )
+        # [actuator] strategy: plain restart, or drain-and-hold / blue-green behind the front door.
+        try:
+            return build_restart_strategy(
+                a,
+                health_url_for(config),
+                config.resolve(a.restart.log_path),
+                env={**a.restart.env, **engine_plugin_env(config)},
+                resolve=config.resolve,
+            )
+        except FrontDoorError as exc:  # its listen port is taken, its token file unusable...
+            raise DaemonStartError(f"[actuator.front_door]: {exc}") from None
     if kind == "command" and a.command is not None:
         return CommandActuator(a.command.argv, a.command.timeout_s)
     if kind == "webhook" and a.webhook is not None:

@@ -29,12 +29,28 @@ class ApplyStatus(StrEnum):
 
 
 @dataclass(frozen=True)
+class ApplyImpact:
+    """What an apply cost clients, as the front door measured it (None: not measured)."""
+
+    strategy: str  # restart, drain_hold, blue_green, rolling
+    requests_held: int | None = None
+    longest_hold_s: float | None = None
+    requests_failed: int | None = None  # errors of our making: 502/503/504 from the tap, cut streams
+    drain_s: float | None = None  # waiting for in-flight requests on the old engine
+    warmup_s: float | None = None  # starting and warming the new engine while the old one served
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
 class ApplyResult:
     status: ApplyStatus
     message: str
     config: SpecConfig | None  # what is in force afterwards, as far as the actuator knows
     downtime_s: float | None = None  # serving gap caused by the apply, when measured
     detail: str = ""  # e.g. the tail of the failed engine's log, an orchestrator's answer
+    impact: ApplyImpact | None = None  # client impact, when the apply went through the front door
 
     @property
     def ok(self) -> bool:
@@ -42,12 +58,15 @@ class ApplyResult:
 
     def event_data(self) -> dict[str, Any]:
         """What an audit event records of this apply (the controller adds its decision id)."""
-        return {
+        data: dict[str, Any] = {
             "status": self.status.value,
             "downtime_s": self.downtime_s,
             "detail": self.detail[-1000:],
             "config": self.config,
         }
+        if self.impact is not None:
+            data.update(self.impact.as_dict())
+        return data
 
 
 class Actuator(ABC):

@@ -348,14 +348,20 @@ class LiveActuator(Actuator):
 def load_or_create_token(path: Path, create: bool) -> str:
     """The shared plugin token from ``path``; with ``create``, a new random one written 0600 when the
     file does not exist (the sidecar starts the engine and hands it the same file)."""
+    if not create and not path.exists():
+        raise ValueError(
+            f"plugin token file {path} does not exist; write a random secret there and give the engine the "
+            f"same file (SPECTUNER_PLUGIN_TOKEN_FILE={path})"
+        )
+    return load_or_create_secret(path, "plugin token file", "put a random secret in it")
+
+
+def load_or_create_secret(path: Path, what: str, fix_empty: str) -> str:
+    """The secret in ``path``; a new random one written 0600 when the file does not exist. An empty
+    file is an error (``what`` and ``fix_empty`` word it): an empty secret would let anyone in."""
     try:
         token = path.read_text().strip()
     except FileNotFoundError:
-        if not create:
-            raise ValueError(
-                f"plugin token file {path} does not exist; write a random secret there and give the engine the "
-                f"same file (SPECTUNER_PLUGIN_TOKEN_FILE={path})"
-            ) from None
         path.parent.mkdir(parents=True, exist_ok=True)
         token = secrets.token_urlsafe(32)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -363,7 +369,7 @@ def load_or_create_token(path: Path, create: bool) -> str:
             f.write(token + "\n")
         return token
     if not token:
-        raise ValueError(f"plugin token file {path} is empty; put a random secret in it")
+        raise ValueError(f"{what} {path} is empty; {fix_empty}")
     return token
 
 
