@@ -17,7 +17,7 @@ from policies.spec_config import SpecConfig
 from policies.step_cost import StepCostModel
 from tests.fakes import FakeClock
 from tuner.actuators.base import Actuator, ApplyResult, ApplyStatus, config_fingerprint
-from tuner.actuators.base import SpecConfig as VllmConfig
+from tuner.actuators.base import VllmSpec as VllmConfig
 from tuner.config import ControllerSection, GuardrailsSection, Mode, PolicySection, StepCostSection
 from tuner.controller import manual
 from tuner.controller.apply import apply_config

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tuner.actuators import ApplyStatus
-from tuner.actuators.base import SpecConfig
+from tuner.actuators.base import VllmSpec
 from tuner.actuators.front_door import InProcessTap
 from tuner.actuators.restart import RestartActuator
 from tuner.lab.apply_load import Outcome, SteadyLoad, engine_url_of, lab_strategy_actuator, reference_texts
@@ -34,7 +34,7 @@ def make_actuator(strategy: str, workdir: Path) -> tuple[RestartActuator, InProc
     return lab_strategy_actuator(strategy, MODELS_DIR, workdir)
 
 
-def spec(manifest: Manifest, draft: str) -> SpecConfig:
+def spec(manifest: Manifest, draft: str) -> VllmSpec:
     config = speculative_config(manifest, draft, 3)
     assert config is not None
     return config

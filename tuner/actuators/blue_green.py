@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from tuner.actuators.base import START_FAILED, ApplyImpact, ApplyResult, ApplyStatus, SpecConfig
+from tuner.actuators.base import START_FAILED, ApplyImpact, ApplyResult, ApplyStatus, VllmSpec
 from tuner.actuators.drain_hold import impact_from
 from tuner.actuators.front_door import FrontDoorClient, FrontDoorError
 from tuner.actuators.restart import RestartActuator, argv_option
@@ -126,10 +126,10 @@ class BlueGreenActuator(RestartActuator):
     def _server_env(self) -> dict[str, str]:
         return {**self.env, **self.env_by_port.get(self.port, {})}
 
-    def _server_argv(self, config: SpecConfig | None) -> list[str]:
+    def _server_argv(self, config: VllmSpec | None) -> list[str]:
         return with_port(super()._server_argv(config), self.port)
 
-    def start(self, config: SpecConfig) -> ApplyResult:
+    def start(self, config: VllmSpec) -> ApplyResult:
         with self._lock:
             other = self.ports[1] if self.port == self.ports[0] else self.ports[0]
             port = self.port
@@ -152,7 +152,7 @@ class BlueGreenActuator(RestartActuator):
             self._point_door()
         return result
 
-    def apply(self, config: SpecConfig) -> ApplyResult:
+    def apply(self, config: VllmSpec) -> ApplyResult:
         with self._lock:
             if not self.healthy():
                 # Nothing serving: there is no old engine to keep; a plain start on this port.
@@ -222,7 +222,7 @@ class BlueGreenActuator(RestartActuator):
         except FrontDoorError:
             return {}
 
-    def switching_cost_s(self, config: SpecConfig) -> float | None:
+    def switching_cost_s(self, config: VllmSpec) -> float | None:
         """~0: the old engine serves until the new one has taken over; only requests that failed during
         the last change (each a second of lost serving, a deliberately high price) count."""
         failed = self.last_impact.requests_failed if self.last_impact is not None else 0

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tuner.actuators.base import ApplyImpact, ApplyResult, ApplyStatus, SpecConfig
+from tuner.actuators.base import ApplyImpact, ApplyResult, ApplyStatus, VllmSpec
 from tuner.actuators.front_door import FrontDoorClient, FrontDoorError
 from tuner.actuators.restart import RestartActuator
 
@@ -71,7 +71,7 @@ class DrainHoldActuator(RestartActuator):
         """How long the door keeps a hold if this process dies mid-apply: two starts and a drain."""
         return self.drain_timeout_s + 2 * self.startup_timeout_s + self.shutdown_timeout_s + 60.0
 
-    def apply(self, config: SpecConfig) -> ApplyResult:
+    def apply(self, config: VllmSpec) -> ApplyResult:
         with self._lock:
             unchanged = self._in_force(config)
             if unchanged:
@@ -120,7 +120,7 @@ class DrainHoldActuator(RestartActuator):
             log.error("drain-and-hold: could not release the front door (%s); its lease will", exc)
             return {}
 
-    def switching_cost_s(self, config: SpecConfig) -> float | None:
+    def switching_cost_s(self, config: VllmSpec) -> float | None:
         """Held requests wait, they are not lost: the cost is the latency they gain, as seconds of
         serving — the longest hold times the share of the change's clients that were held (~1 at
         steady load), i.e. the last measured longest hold; before any, the last restart gap."""

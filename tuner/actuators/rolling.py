@@ -13,13 +13,13 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
-from tuner.actuators.base import Actuator, ApplyImpact, ApplyResult, ApplyStatus, SpecConfig
+from tuner.actuators.base import Actuator, ApplyImpact, ApplyResult, ApplyStatus, VllmSpec
 from tuner.actuators.front_door import FrontDoorClient, FrontDoorError
 from tuner.actuators.restart import RestartActuator
 
 log = logging.getLogger(__name__)
 
-Verifier = Callable[[int, SpecConfig], bool]  # (replica index, config) -> no regression
+Verifier = Callable[[int, VllmSpec], bool]  # (replica index, config) -> no regression
 
 
 class RollingActuator(Actuator):
@@ -47,7 +47,7 @@ class RollingActuator(Actuator):
         self.verify: Verifier = verify or (lambda index, config: True)
         self.drain_timeout_s = drain_timeout_s
 
-    def start(self, config: SpecConfig) -> ApplyResult:
+    def start(self, config: VllmSpec) -> ApplyResult:
         results = [r.start(config) for r in self.replicas]
         bad = [res for res in results if not res.ok]
         self.current = dict(config) if not bad else None
@@ -58,7 +58,7 @@ class RollingActuator(Actuator):
         for r in self.replicas:
             r.stop()
 
-    def _one(self, index: int, config: SpecConfig) -> ApplyResult:
+    def _one(self, index: int, config: VllmSpec) -> ApplyResult:
         others = [u for i, u in enumerate(self.urls) if i != index]
         self.door.set_upstreams(others)  # with one replica the door holds meanwhile
         self.door.drain(self.urls[index], self.drain_timeout_s)
@@ -67,7 +67,7 @@ class RollingActuator(Actuator):
         finally:
             self.door.set_upstreams(self.urls)
 
-    def apply(self, config: SpecConfig) -> ApplyResult:
+    def apply(self, config: VllmSpec) -> ApplyResult:
         unchanged = self._unchanged(config)
         if unchanged:
             return unchanged
@@ -122,7 +122,7 @@ class RollingActuator(Actuator):
             impact=impact,
         )
 
-    def switching_cost_s(self, config: SpecConfig) -> float | None:
+    def switching_cost_s(self, config: VllmSpec) -> float | None:
         return 0.0  # the other replicas serve; a single replica's restart is what drain-and-hold would cost
 
 

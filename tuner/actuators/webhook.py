@@ -11,7 +11,7 @@ from collections.abc import Mapping
 import httpx
 
 from collectors.redact import redact_url, scrub, url_secrets
-from tuner.actuators.base import Actuator, ApplyResult, ApplyStatus, SpecConfig
+from tuner.actuators.base import Actuator, ApplyResult, ApplyStatus, VllmSpec
 from tuner.actuators.command import answer_refusal
 
 log = logging.getLogger(__name__)
@@ -39,7 +39,7 @@ class WebhookActuator(Actuator):
         self.headers = dict(headers or {})
         self._client = client or httpx.Client(timeout=httpx.Timeout(timeout_s))
 
-    def apply(self, config: SpecConfig) -> ApplyResult:
+    def apply(self, config: VllmSpec) -> ApplyResult:
         unchanged = self._unchanged(config)
         if unchanged:
             return unchanged
