@@ -23,8 +23,8 @@ from typer.testing import CliRunner
 
 from collectors.records import EngineKey, EventRecord, WindowRecord
 from policies.counters import SpecCounters
-from policies.spec_config import SpecConfig as TypedConfig
-from tuner.actuators.base import Actuator, ApplyResult, ApplyStatus, SpecConfig
+from policies.spec_config import SpecConfig
+from tuner.actuators.base import Actuator, ApplyResult, ApplyStatus, VllmSpec
 from tuner.cli.main import app
 from tuner.config import ControllerSection, Mode
 from tuner.controller import manual
@@ -81,12 +81,12 @@ class RecordingActuator(Actuator):
 
     kind = "restart"
 
-    def __init__(self, current: SpecConfig) -> None:
+    def __init__(self, current: VllmSpec) -> None:
         super().__init__()
         self.current = dict(current)
-        self.applied: list[SpecConfig] = []
+        self.applied: list[VllmSpec] = []
 
-    def apply(self, config: SpecConfig) -> ApplyResult:
+    def apply(self, config: VllmSpec) -> ApplyResult:
         unchanged = self._unchanged(config)
         if unchanged:
             return unchanged
@@ -101,7 +101,7 @@ def seeded(db_url: str) -> Iterator[tuple[str, Store, datetime]]:
     store = Store(db_url)
     now = datetime.now(UTC)
     start = now - timedelta(seconds=300)
-    record = EngineConfigRecord.of(TypedConfig.from_vllm(K3), start - timedelta(seconds=60), AppliedBy.STARTUP)
+    record = EngineConfigRecord.of(SpecConfig.from_vllm(K3), start - timedelta(seconds=60), AppliedBy.STARTUP)
     config_id = store.record_config(KEY, record)
     per_pos = (160, 128, 102)  # 200 drafts × 0.8, 0.8², 0.8³
     store.write_windows(

@@ -15,7 +15,9 @@ from typing import Any
 
 import typer
 import typer.main
+from rich.markup import escape
 from typer.core import TyperCommand, TyperGroup
+from typer.exceptions import TyperException
 
 # Order is the order `spectuner --help` lists them in. Other modules append their name here.
 _COMMAND_MODULES = (
@@ -130,6 +132,22 @@ class LazyGroup(TyperGroup):
                 raise RuntimeError(f"{cmd.module} does not define the command {name!r}; fix _HELP in {__name__}")
             cmd = self.commands[name] = loaded[name]
         return name, cmd, rest
+
+    def invoke(self, ctx: Any) -> Any:
+        """Run the command; an exception it did not catch becomes one line and exit 1 or 2
+        (``tuner.cli.boundary``), never a traceback. Typer's own exits and usage errors pass through."""
+        try:
+            return super().invoke(ctx)
+        except (TyperException, typer.Exit, typer.Abort):
+            raise
+        except Exception as exc:
+            from tuner.cli.boundary import describe_failure, log
+            from tuner.cli.common import err_console
+
+            code, message = describe_failure(exc)
+            log.debug("the command failed", exc_info=exc)
+            err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+            raise typer.Exit(code) from None
 
 
 app = typer.Typer(

@@ -24,6 +24,7 @@ from tuner.cli.common import (
     open_store,
     out_console,
     print_json,
+    require_range,
     say,
     short_time,
 )
@@ -44,17 +45,15 @@ def status(
 ) -> None:
     """Per engine series: the config in force, α̂ and throughput over the last window, pause, pending
     changes, the last decision and recent events."""
-    if not window_s > 0:
-        fail_usage(f"--window-s must be positive but got {window_s}")
-    if not events_window_s > 0:
-        fail_usage(f"--events-window-s must be positive but got {events_window_s}")
-    if not length_window_s > 0:
-        fail_usage(f"--length-window-s must be positive but got {length_window_s}")
+    year_s = 366 * 86400.0  # further back than a year is a typo (and past what datetime can subtract)
+    require_range("--window-s", window_s, low=0.0, high=year_s, low_open=True)
+    require_range("--events-window-s", events_window_s, low=0.0, high=year_s, low_open=True)
+    require_range("--length-window-s", length_window_s, low=0.0, high=year_s, low_open=True)
     from sqlalchemy.exc import SQLAlchemyError
 
     cfg = load_config_or_exit(config)
     url_filter = _engine_url(engine or (cfg.engine.metrics_url if cfg is not None else None))
-    store = open_store(db, config, cfg)
+    store = open_store(db, config, cfg, read_only=True)
     now = datetime.now(UTC)
     try:
         with store:

@@ -65,6 +65,27 @@ METRICS: dict[str, MetricSpec] = {
         MetricSpec("spectuner_rollbacks_total", "counter", "Rollbacks (apply failed to come up, or regression)"),
         MetricSpec("spectuner_collector_errors_total", "counter", "Collector failure episodes by kind", "", ("kind",)),
         MetricSpec(
+            "spectuner_apply_requests_held_total",
+            "counter",
+            "Client requests held by the front door during applies",
+            "",
+            ("strategy",),
+        ),
+        MetricSpec(
+            "spectuner_apply_requests_failed_total",
+            "counter",
+            "Client requests failed during applies (errors of spectuner's making)",
+            "",
+            ("strategy",),
+        ),
+        MetricSpec(
+            "spectuner_apply_longest_hold_seconds",
+            "gauge",
+            "Longest a request was held in the last apply",
+            "s",
+            ("strategy",),
+        ),
+        MetricSpec(
             "spectuner_alert_deliveries_total",
             "counter",
             "Alert deliveries by sink and outcome",
@@ -200,6 +221,10 @@ class CounterTotals:
     rollbacks: dict[EngineLabels, int] = field(default_factory=dict)
     collector_errors: dict[tuple[str, str], int] = field(default_factory=dict)  # (url, kind)
     deliveries: dict[tuple[EngineLabels, str, str], int] = field(default_factory=dict)
+    # (labels, strategy) -> held / failed requests summed over applies; the last apply's longest hold
+    apply_held: dict[tuple[EngineLabels, str], int] = field(default_factory=dict)
+    apply_failed: dict[tuple[EngineLabels, str], int] = field(default_factory=dict)
+    apply_longest_hold_s: dict[tuple[EngineLabels, str], float] = field(default_factory=dict)
 
     @staticmethod
     def _add(table: dict[Any, int], key: object, n: int = 1) -> None:
@@ -220,6 +245,13 @@ class CounterTotals:
         err = collector_error_kind(kind, data)
         if err is not None:
             self._add(self.collector_errors, (str(data.get("url") or ""), err))
+        strategy = data.get("strategy")
+        if isinstance(strategy, str):  # an apply's audit event with its client impact (ApplyImpact)
+            held, failed, longest = data.get("requests_held"), data.get("requests_failed"), data.get("longest_hold_s")
+            self._add(self.apply_held, (labels, strategy), held if isinstance(held, int) else 0)
+            self._add(self.apply_failed, (labels, strategy), failed if isinstance(failed, int) else 0)
+            if isinstance(longest, int | float):
+                self.apply_longest_hold_s[(labels, strategy)] = float(longest)
 
     def add_deliveries(self, labels: EngineLabels, sink: str, outcome: str, n: int) -> None:
         self._add(self.deliveries, (labels, sink, outcome), n)
@@ -237,6 +269,13 @@ class CounterTotals:
             out.append(Sample("spectuner_draft_swaps_total", lab(labels), float(self.swaps.get(labels, 0))))
         for labels in sorted(shown | set(self.rollbacks)):
             out.append(Sample("spectuner_rollbacks_total", lab(labels), float(self.rollbacks.get(labels, 0))))
+        for name, table in (
+            ("spectuner_apply_requests_held_total", self.apply_held),
+            ("spectuner_apply_requests_failed_total", self.apply_failed),
+            ("spectuner_apply_longest_hold_seconds", self.apply_longest_hold_s),
+        ):
+            for (labels, strategy), value in sorted(table.items()):
+                out.append(Sample(name, (*lab(labels), ("strategy", strategy)), float(value)))
         for (labels, action, reason), n in sorted(self.decisions.items()):
             out.append(Sample("spectuner_decisions_total", (*lab(labels), ("action", action), ("reason", reason)), n))
         # A server-level count goes on the server's first engine series (as the controller records its

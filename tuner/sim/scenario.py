@@ -22,8 +22,11 @@ class ScenarioError(ValueError):
     def __init__(self, path: str, problems: list[str]) -> None:
         self.path = path
         self.problems = problems
-        lines = "\n".join(f"  - {p}" for p in problems)
-        super().__init__(f"scenario {path} has {len(problems)} problem(s):\n{lines}")
+        if len(problems) == 1:  # one line, as every CLI error
+            super().__init__(f"scenario {path}: {problems[0]}")
+        else:
+            lines = "\n".join(f"  - {p}" for p in problems)
+            super().__init__(f"scenario {path} has {len(problems)} problems:\n{lines}")
 
 
 class _Section(BaseModel):
@@ -274,9 +277,11 @@ def load_scenario(path: str | Path) -> Scenario:
     """Read and validate a scenario file. Raises :class:`ScenarioError` naming every problem."""
     p = Path(path)
     try:
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ScenarioError(str(p), ["file not found; see bench/scenarios/ for examples"]) from None
+    except UnicodeDecodeError as exc:
+        raise ScenarioError(str(p), [f"not UTF-8 text (byte {exc.start}): is this a scenario TOML file?"]) from None
     except OSError as exc:
         raise ScenarioError(str(p), [f"cannot read the file: {exc}"]) from None
     try:

@@ -185,3 +185,21 @@ def test_prometheus_exposition_of_fixed_samples() -> None:
     assert 'spectuner_alpha{engine="0",model_name="llama"} 0.75' in text
     assert 'spectuner_decisions_total{action="apply",engine="0",model_name="llama",reason="change_k"} 2.0' in text
     assert "# TYPE spectuner_engine_up gauge" in text  # described even with no sample
+
+
+def test_apply_events_carry_their_client_impact_into_counters() -> None:
+    from tuner.exporters.values import METRICS, CounterTotals
+
+    totals = CounterTotals()
+    labels = ("0", "m")
+    data = {"strategy": "drain_hold", "requests_held": 4, "requests_failed": 0, "longest_hold_s": 33.2}
+    totals.add_event(labels, "draft_swapped", data)
+    totals.add_event(labels, "draft_swapped", {**data, "requests_held": 2, "longest_hold_s": 20.0})
+    totals.add_event(labels, "k_changed", {"status": "applied"})  # no impact: counted nowhere
+    samples = {(s.name, s.labels[-1][1]): s.value for s in totals.samples([]) if s.name.startswith("spectuner_apply")}
+    assert samples == {
+        ("spectuner_apply_requests_held_total", "drain_hold"): 6.0,
+        ("spectuner_apply_requests_failed_total", "drain_hold"): 0.0,
+        ("spectuner_apply_longest_hold_seconds", "drain_hold"): 20.0,
+    }
+    assert all(name in METRICS for name, _ in samples)

@@ -1,0 +1,118 @@
+"""A draft swap per apply strategy on the real lab engine under steady streaming and non-streaming
+load at 4 concurrent, through the real tap: 0 failed requests, 0 truncated streams, and every
+answer's generated text identical to an unproxied greedy run of the same prompt (ids and timestamps
+differ between runs by nature, so the generated text is what is compared, byte for byte). A draft
+that cannot load, under drain-and-hold, ends with the held requests served by the restored engine.
+
+Blue/green runs two lab engines for the length of the switch (that is the strategy).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tuner.actuators import ApplyStatus
+from tuner.actuators.base import VllmSpec
+from tuner.actuators.front_door import InProcessTap
+from tuner.actuators.restart import RestartActuator
+from tuner.lab.apply_load import Outcome, SteadyLoad, engine_url_of, lab_strategy_actuator, reference_texts
+from tuner.lab.models import Manifest
+from tuner.lab.prompts import HARD, PREDICTABLE
+from tuner.lab.serve import SERVED_MODEL_NAME, speculative_config
+
+from .conftest import MODELS_DIR
+
+PROMPTS = list(PREDICTABLE[:3]) + list(HARD[:3])
+MAX_TOKENS = 24
+
+
+def make_actuator(strategy: str, workdir: Path) -> tuple[RestartActuator, InProcessTap]:
+    return lab_strategy_actuator(strategy, MODELS_DIR, workdir)
+
+
+def spec(manifest: Manifest, draft: str) -> VllmSpec:
+    config = speculative_config(manifest, draft, 3)
+    assert config is not None
+    return config
+
+
+def check(outcomes: list[Outcome], reference: dict[str, str], change: tuple[float, float]) -> None:
+    failed = [o for o in outcomes if not o.ok]
+    assert not failed, f"{len(failed)} failed or truncated: {failed[:3]}"
+    different = [o for o in outcomes if o.text != reference[o.prompt]]
+    assert not different, f"{len(different)} answers differ from the unproxied greedy run: {different[:2]}"
+    overlapping = [o for o in outcomes if o.started_s < change[1] and o.ended_s > change[0]]
+    assert len(overlapping) >= 4, "the load did not overlap the change"
+    assert any(o.stream for o in overlapping) and any(not o.stream for o in overlapping)
+
+
+@pytest.fixture(params=["drain_hold", "blue_green"])
+def strategy(
+    request: pytest.FixtureRequest, lab_models: Manifest, tmp_path: Path
+) -> Iterator[tuple[str, RestartActuator, InProcessTap]]:
+    actuator, tap = make_actuator(request.param, tmp_path / "engine")
+    try:
+        result = actuator.start(spec(lab_models, "weak"))
+        assert result.status is ApplyStatus.APPLIED, result.message + result.detail
+        yield request.param, actuator, tap
+    finally:
+        actuator.stop()
+        tap.stop()
+
+
+def test_a_draft_swap_fails_no_request_and_changes_no_answer(
+    strategy: tuple[str, RestartActuator, InProcessTap], lab_models: Manifest
+) -> None:
+    name, actuator, tap = strategy
+    engine_url = engine_url_of(actuator)
+    reference = reference_texts(engine_url, SERVED_MODEL_NAME, PROMPTS, MAX_TOKENS)
+    load = SteadyLoad(tap.url, SERVED_MODEL_NAME, PROMPTS, concurrency=4, max_tokens=MAX_TOKENS).start()
+    time.sleep(3.0)  # steady state before the change
+    t0 = time.monotonic()
+    result = actuator.apply(spec(lab_models, "good"))
+    t1 = time.monotonic()
+    time.sleep(3.0)
+    outcomes = load.stop()
+    assert result.status is ApplyStatus.APPLIED, result.message + result.detail
+    assert actuator.current is not None and actuator.current["model"].endswith("good")
+    check(outcomes, reference, (t0, t1))
+    impact = result.impact
+    assert impact is not None and impact.strategy == name and impact.requests_failed == 0
+    if name == "blue_green":
+        assert impact.requests_held == 0
+    else:
+        assert impact.requests_held is not None and impact.requests_held >= 1
+    print(f"{name}: {len(outcomes)} requests, change {t1 - t0:.1f} s, impact {impact}")
+
+
+def test_drain_and_hold_serves_held_requests_from_the_restored_engine_when_the_draft_fails(
+    lab_models: Manifest, tmp_path: Path
+) -> None:
+    actuator, tap = make_actuator("drain_hold", tmp_path / "engine")
+    broken_dir = tmp_path / "broken-draft"
+    broken_dir.mkdir()
+    (broken_dir / "config.json").write_text("{not json")
+    try:
+        good = spec(lab_models, "good")
+        assert actuator.start(good).status is ApplyStatus.APPLIED
+        engine_url = engine_url_of(actuator)
+        reference = reference_texts(engine_url, SERVED_MODEL_NAME, PROMPTS, MAX_TOKENS)
+        load = SteadyLoad(tap.url, SERVED_MODEL_NAME, PROMPTS, concurrency=4, max_tokens=MAX_TOKENS).start()
+        time.sleep(3.0)
+        t0 = time.monotonic()
+        result = actuator.apply({"method": "draft_model", "model": str(broken_dir), "num_speculative_tokens": 3})
+        t1 = time.monotonic()
+        time.sleep(3.0)
+        outcomes = load.stop()
+        assert result.status is ApplyStatus.ROLLED_BACK, result.message
+        assert actuator.current == good
+        check(outcomes, reference, (t0, t1))
+        assert result.impact is not None and result.impact.requests_failed == 0
+        assert result.impact.requests_held is not None and result.impact.requests_held >= 1
+    finally:
+        actuator.stop()
+        tap.stop()
