@@ -41,6 +41,7 @@ from collectors.request_metrics import (
     record_from_json_body,
 )
 from collectors.scrape import utc_now
+from collectors.traffic_record import TrafficRecorder
 from collectors.upstream import UpstreamResponse, UpstreamTransport
 
 logger = logging.getLogger(__name__)
@@ -142,6 +143,7 @@ class TapProxy:
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         door: FrontDoor | None = None,
         control_token: str | None = None,
+        traffic: TrafficRecorder | None = None,
     ) -> None:
         if connect_timeout_s <= 0:
             raise ValueError(f"connect_timeout_s must be positive but got {connect_timeout_s}")
@@ -153,6 +155,8 @@ class TapProxy:
         self.door = door or FrontDoor(upstreams)
         self.upstream = self.door.upstreams[0]
         self.writer = writer
+        # The opt-in sampled record of prompts and outputs for shadow evaluation (user data; None: off).
+        self.traffic = traffic
         self.clock = clock
         self.stats = TapStats()
         self.transport = transport
@@ -305,6 +309,13 @@ class TapProxy:
                     lambda ctx: record_from_json_body(content, ctx), status, latency_s, False, request_id,
                     upstream_url,
                 )
+            if (
+                self.traffic is not None
+                and status == 200
+                and encoding in (None, b"identity")
+                and is_recorded_path(method, path)
+            ):
+                self.traffic.observe(body, content)  # a draw and a queue put; the recorder's thread does the rest
             return False
 
         tail = StreamTail() if record else None
@@ -495,6 +506,8 @@ class TapProxy:
         }
         if self.writer is not None:
             data["writer"] = self.writer.stats.__dict__
+        if self.traffic is not None:
+            data["traffic_record"] = self.traffic.stats_dict()
         return data
 
 
@@ -559,6 +572,8 @@ async def _lifespan(
         if message["type"] == "lifespan.startup":
             if proxy.writer is not None:
                 proxy.writer.start()
+            if proxy.traffic is not None:
+                proxy.traffic.start()
             if on_startup is not None:
                 on_startup()
             await send({"type": "lifespan.startup.complete"})
@@ -566,6 +581,8 @@ async def _lifespan(
             await proxy.aclose()
             if proxy.writer is not None:
                 proxy.writer.close()
+            if proxy.traffic is not None:
+                proxy.traffic.close()
             await send({"type": "lifespan.shutdown.complete"})
             return
 

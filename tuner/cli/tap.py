@@ -24,6 +24,7 @@ from collectors.tap import (
     parse_listen,
     tune_process_for_latency,
 )
+from collectors.traffic_record import TrafficRecorder
 from tuner.actuators.front_door import load_or_create_control_token
 from tuner.cli.common import fail_runtime, fail_usage, out_console
 from tuner.store import DatabaseUrlError, SchemaError, Store, resolve_db_url
@@ -38,6 +39,19 @@ class _Server(uvicorn.Server):
             self.force_exit = True  # a second Ctrl-C: stop now
         else:
             self.should_exit = True
+
+
+def _traffic_recorder(
+    directory: Path, tokenizer: Path | None, sample_rate: float, max_bytes: int, retention_s: float
+) -> TrafficRecorder:
+    from collectors.traffic_record import RecorderSettings, SampleStore, load_tokenizer
+
+    try:
+        settings = RecorderSettings(directory, sample_rate, max_bytes, retention_s)
+        tokenize = load_tokenizer(tokenizer) if tokenizer is not None else None
+        return TrafficRecorder(SampleStore(settings), tokenize)
+    except (ValueError, OSError) as exc:
+        fail_usage(f"--record-*: {exc}")
 
 
 def tap(
@@ -70,6 +84,18 @@ def tap(
         DEFAULT_MAX_HOLD_S, "--max-hold-s", help="Longest a request is held during a change; then 503 + Retry-After."
     ),
     max_held: int = typer.Option(DEFAULT_MAX_HELD, "--max-held", help="Held requests beyond this get a 503 at once."),
+    record_dir: Path | None = typer.Option(
+        None, "--record-dir",
+        help="Keep a sampled record of prompts and outputs as token IDs here, for `spectuner shadow run` "
+        "(USER DATA; off by default; `spectuner shadow forget` deletes it).",
+    ),
+    record_tokenizer: Path | None = typer.Option(
+        None, "--record-tokenizer", help="The target model's directory (its tokenizer.json), to tokenise text "
+        "when clients did not ask vLLM for return_token_ids.",
+    ),
+    record_sample_rate: float = typer.Option(0.05, "--record-sample-rate", help="Share of requests recorded."),
+    record_max_bytes: int = typer.Option(256 * 1024 * 1024, "--record-max-bytes", help="Size cap of the record."),
+    record_retention_s: float = typer.Option(7 * 86400.0, "--record-retention-s", help="Age limit of a sample."),
     metrics_url_option: str | None = typer.Option(
         None,
         "--metrics-url",
@@ -121,10 +147,17 @@ def tap(
 
         tagger = RequestConfigTagger(store, engine_metrics_url)
         writer = BatchWriter(tagger, name="requests", batch_size=batch_size, max_queue=max_queue)
+    traffic = None
+    if record_dir is not None:
+        traffic = _traffic_recorder(
+            record_dir, record_tokenizer, record_sample_rate, record_max_bytes, record_retention_s
+        )
+    elif record_tokenizer is not None:
+        fail_usage("--record-tokenizer needs --record-dir (the record is off without it)")
     door = FrontDoor(upstreams, max_hold_s=max_hold_s, max_held=max_held)
     proxy = TapProxy(
         upstreams, writer, transport=http_client, read_timeout_s=read_timeout_s, max_body_bytes=max_body_bytes,
-        door=door, control_token=token,
+        door=door, control_token=token, traffic=traffic,
     )
     app = create_tap_app(proxy, on_startup=tune_process_for_latency)
     try:
