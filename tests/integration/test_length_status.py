@@ -1,24 +1,29 @@
-"""`spectuner status` shows α by context length from the tap's per-request records (SQLite and PostgreSQL)."""
+"""`spectuner status` and the report show α by context length from the tap's per-request records, and the
+report the candidates' shadow results (SQLite and PostgreSQL)."""
 
 from __future__ import annotations
 
 import json
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import numpy as np
 import pytest
 from typer.testing import CliRunner
 
 from collectors.records import EngineKey, RequestRecord, WindowRecord
+from policies.acceptance import AcceptanceEvidence
 from policies.counters import SpecCounters
 from tuner.cli.main import app
+from tuner.report import write_report
 from tuner.store import Store
+from tuner.store.shadow import ShadowResult, write_shadow_result
 
 pytestmark = pytest.mark.integration
 K = 3
 
 
-def test_status_shows_a_collapse_on_long_prompts_and_a_cutoff(db_url: str) -> None:
+def test_status_shows_a_collapse_on_long_prompts_and_a_cutoff(db_url: str, tmp_path: Path) -> None:
     now = datetime.now(UTC)
     key = EngineKey("http://127.0.0.1:9/metrics", "m")
     rng = np.random.default_rng(5)
@@ -50,3 +55,21 @@ def test_status_shows_a_collapse_on_long_prompts_and_a_cutoff(db_url: str) -> No
     assert view["cutoff_tokens"] == 16384
     human = CliRunner().invoke(app, ["status", "--db", db_url], env={"SPECTUNER_DB": ""})
     assert human.exit_code == 0 and "collapses on long contexts" in human.output
+    bad = CliRunner().invoke(app, ["status", "--db", db_url, "--length-edges", "100,50"], env={"SPECTUNER_DB": ""})
+    assert bad.exit_code == 2 and "--length-edges" in bad.output
+
+    # the report carries the same view, and the candidates' shadow results
+    with Store(db_url) as store:
+        write_shadow_result(
+            store,
+            ShadowResult("lookup", "ngram", None, now, 3, 300, 3, AcceptanceEvidence(80.0, 20.0, 40.0), 0.8,
+                         (0.71, 0.87), True, "not_needed"),
+        )
+        result_report = write_report(store, tmp_path / "report", now=now)
+    (label, report_view) = next(iter(result_report.data.context_length.items()))
+    assert report_view["collapse"] is True and report_view["cutoff_tokens"] == 16384
+    html = result_report.index_html.read_text()
+    assert 'id="context-length"' in html and "collapses on long contexts" in html
+    assert 'id="shadow-table"' in html and "lookup" in html and "greedy-only" in html
+    saved = json.loads(result_report.report_json.read_text())
+    assert saved["shadow"][0]["candidate"] == "lookup" and saved["context_length"][label]["collapse"] is True

@@ -41,6 +41,10 @@ def status(
     length_window_s: float = typer.Option(
         3600.0, "--length-window-s", help="Seconds of per-request records behind α by context length."
     ),
+    length_edges: str | None = typer.Option(
+        None, "--length-edges", help="Context-length band edges in tokens, e.g. 2048,8192,32768 "
+        "(default 512, 1024, … 32768)."
+    ),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """Per engine series: the config in force, α̂ and throughput over the last window, pause, pending
@@ -49,6 +53,7 @@ def status(
     require_range("--window-s", window_s, low=0.0, high=year_s, low_open=True)
     require_range("--events-window-s", events_window_s, low=0.0, high=year_s, low_open=True)
     require_range("--length-window-s", length_window_s, low=0.0, high=year_s, low_open=True)
+    edges = _length_edges(length_edges)
     from sqlalchemy.exc import SQLAlchemyError
 
     cfg = load_config_or_exit(config)
@@ -58,7 +63,7 @@ def status(
     try:
         with store:
             confidence = cfg.policy.confidence if cfg is not None else 0.95  # the controller's, when configured
-            data = gather(store, now, window_s, events_window_s, url_filter, confidence, length_window_s)
+            data = gather(store, now, window_s, events_window_s, url_filter, confidence, length_window_s, edges)
     except SQLAlchemyError as exc:
         fail_runtime(f"cannot read the database {store!r}: {db_error_detail(exc)}")
     if engine is not None and not data["engines"]:
@@ -89,12 +94,14 @@ def gather(
     url: str | None,
     confidence: float = 0.95,
     length_window_s: float = 3600.0,
+    length_edges: tuple[int, ...] | None = None,
 ) -> dict[str, Any]:
     """The status document (the ``--json`` output)."""
     from policies.acceptance import alpha_of_windows
     from tuner.controller import manual
     from tuner.controller.audit import CHANGE
     from tuner.store import DecisionStatus
+    from tuner.store.lengths import context_length_view
     from tuner.store.url import render_url
 
     since = now - timedelta(seconds=window_s)
@@ -129,6 +136,15 @@ def gather(
         )
         last = store.decisions(key=key, limit=1, newest_first=True)
         severities = Counter(e.severity for e in store.events(events_since, None, key=key))
+        lengths = context_length_view(
+            store,
+            key.model_name,
+            now - timedelta(seconds=length_window_s),
+            now + timedelta(microseconds=1),
+            config_id=current.id if current is not None else None,
+            confidence=confidence,
+            edges=length_edges,
+        )
         engines.append(
             {
                 "url": key.url,
@@ -158,7 +174,7 @@ def gather(
                 },
                 "by_context_length": {
                     "window_s": length_window_s,
-                    **context_length_view(store, key, current, now, length_window_s, confidence).to_dict(),
+                    **lengths.to_dict(),
                 },
             }
         )
@@ -174,35 +190,17 @@ def gather(
     }
 
 
-def context_length_view(
-    store: Any, key: Any, current: Any, now: datetime, window_s: float, confidence: float
-) -> Any:
-    """α by context length over the last ``window_s`` of the tap's per-request records of this model,
-    under the config in force (``policies.length_bands``)."""
-    from policies.length_bands import LengthSettings, RequestAcceptance, length_view
+def _length_edges(text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    from policies.length_bands import LengthSettings
 
-    records = store.requests(
-        now - timedelta(seconds=window_s),
-        now + timedelta(microseconds=1),
-        model_name=key.model_name,
-        config_id=current.id if current is not None else None,
-    )
-    return length_view(
-        [
-            RequestAcceptance(
-                r.prompt_tokens,
-                r.output_tokens,
-                r.num_spec_tokens,
-                r.num_spec_steps,
-                r.num_accepted_draft_tokens,
-                r.acceptance_histogram,
-                r.per_step_accepted,
-                r.per_step_drafted,
-            )
-            for r in records
-        ],
-        LengthSettings(confidence=confidence),
-    )
+    try:
+        edges = tuple(int(x) for x in text.split(",") if x.strip())
+        LengthSettings(edges_tokens=edges)
+    except ValueError as exc:
+        fail_usage(f"--length-edges {text!r}: {exc}; write increasing token counts, e.g. 2048,8192,32768")
+    return edges
 
 
 def _config(store: Any, stored: Any) -> dict[str, Any] | None:
