@@ -19,6 +19,8 @@ from tuner.cli.main import app
 
 pytestmark = pytest.mark.integration
 runner = CliRunner()
+# in-process: the worker's default nice would stay on the test process
+SHADOW_RUN = ("shadow", "run", "--nice", "0")
 T0 = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
 
 
@@ -64,7 +66,7 @@ def test_ngram_is_replayed_exactly_and_listed_with_its_interval(db_url: str, sam
     listed = run_json("drafts", "list", "--db", db_url)
     assert listed["drafts"][0]["measured"] is None  # nothing measured before the shadow run
 
-    doc = run_json("shadow", "run", "--samples", str(samples), "--target", str(target), "--k", "3", "--db", db_url)
+    doc = run_json(*SHADOW_RUN, "--samples", str(samples), "--target", str(target), "--k", "3", "--db", db_url)
     (row,) = doc["candidates"]
     acc: list[int] = []
     drf: list[int] = []
@@ -92,7 +94,7 @@ def test_bad_candidates_are_refused_with_one_line(db_url: str, samples: Path, ta
     (notmodel / "config.json").write_text("{}")
     assert run("drafts", "add", "broken", "--method", "draft_model", "--model", str(notmodel), "--db", db_url)[0] == 0
     (notmodel / "config.json").unlink()  # the directory stopped being a model after registration
-    code, out = run("shadow", "run", "--samples", str(samples), "--target", str(target), "--db", db_url)
+    code, out = run(*SHADOW_RUN, "--samples", str(samples), "--target", str(target), "--db", db_url)
     assert code == 2 and "not a model directory" in out and "Traceback" not in out
 
     other = tmp_path / "other"
@@ -100,22 +102,22 @@ def test_bad_candidates_are_refused_with_one_line(db_url: str, samples: Path, ta
     (other / "tokenizer.json").write_text(json.dumps({"model": {"vocab": {"a": 0, "c": 1}}, "added_tokens": []}))
     assert run("drafts", "add", "alien", "--method", "draft_model", "--model", str(other), "--db", db_url)[0] == 0
     code, out = run(
-        "shadow", "run", "--samples", str(samples), "--target", str(target), "--candidate", "alien", "--db", db_url
+        *SHADOW_RUN, "--samples", str(samples), "--target", str(target), "--candidate", "alien", "--db", db_url
     )
     assert code == 2 and "tokenizer differs from the target's" in out
 
-    code, out = run("shadow", "run", "--samples", str(tmp_path / "nowhere"), "--target", str(target), "--db", db_url)
+    code, out = run(*SHADOW_RUN, "--samples", str(tmp_path / "nowhere"), "--target", str(target), "--db", db_url)
     assert code == 2 and "no such directory" in out
 
 
 def test_heads_need_a_canary_and_forget_deletes_the_record(db_url: str, samples: Path, target: Path) -> None:
     model = target  # any directory with a config.json registers
     assert run("drafts", "add", "head", "--method", "eagle3", "--model", str(model), "--db", db_url)[0] == 0
-    doc = run_json("shadow", "run", "--samples", str(samples), "--target", str(target), "--db", db_url)
+    doc = run_json(*SHADOW_RUN, "--samples", str(samples), "--target", str(target), "--db", db_url)
     (row,) = doc["candidates"]
     assert row["skipped"] == "needs_canary" and "hidden states" in row["why"]
     assert run_json("shadow", "forget", "--samples", str(samples)) == {"deleted_samples": 2, "directory": str(samples)}
-    code, out = run("shadow", "run", "--samples", str(samples), "--target", str(target), "--db", db_url)
+    code, out = run(*SHADOW_RUN, "--samples", str(samples), "--target", str(target), "--db", db_url)
     assert code == 2 and "no recorded samples" in out
 
 
