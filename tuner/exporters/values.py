@@ -17,6 +17,7 @@ from typing import Any, Literal
 from collectors.records import EngineKey
 from policies.acceptance import alpha_of_windows
 from policies.counters import SpecCounters
+from policies.length_bands import LengthView
 from policies.spec_config import SpecConfig
 
 Kind = Literal["gauge", "counter"]
@@ -86,6 +87,24 @@ METRICS: dict[str, MetricSpec] = {
             ("strategy",),
         ),
         MetricSpec(
+            "spectuner_alpha_by_context_length",
+            "gauge",
+            "alpha-hat of the requests whose context (prompt + half the output) falls in a length band",
+            "",
+            ("band",),
+        ),
+        MetricSpec(
+            "spectuner_context_length_collapse",
+            "gauge",
+            "1 when acceptance collapses on long contexts (a band clearly below 0.6 x the shortest band's, slope < 0)",
+        ),
+        MetricSpec(
+            "spectuner_speculation_cutoff_context_tokens",
+            "gauge",
+            "Context length from which speculation should be off (alpha clearly below 0.4); absent: nowhere",
+            "tokens",
+        ),
+        MetricSpec(
             "spectuner_alert_deliveries_total",
             "counter",
             "Alert deliveries by sink and outcome",
@@ -126,6 +145,8 @@ class EngineSnapshot:
     realized_speedup: float | None = None
     # the windows of ``spec`` one by one: α̂ is policies.acceptance.alpha_of_windows of these, as the controller's
     window_specs: tuple[SpecCounters, ...] = ()
+    # α by context length of the model's requests (the tap's records), when any were stored
+    lengths: LengthView | None = None
 
 
 def overhead_ratio(counters: SpecCounters, k: int, cost_ratio: float) -> float | None:
@@ -175,6 +196,14 @@ def engine_samples(snap: EngineSnapshot, *, cost_ratio: float, confidence: float
     if snap.last_window_end is not None:
         put("spectuner_last_scrape_age_seconds", max(0.0, (snap.now - snap.last_window_end).total_seconds()))
     put("spectuner_engine_up", 1.0 if snap.up else 0.0)
+    if snap.lengths is not None and snap.lengths.bands:
+        usable = [b for b in snap.lengths.bands if b.evidence.trials >= snap.lengths.settings.min_trials]
+        for b in usable:
+            band = f"{b.lo_tokens}-{b.hi_tokens}" if b.hi_tokens is not None else f"{b.lo_tokens}-"
+            put("spectuner_alpha_by_context_length", b.alpha, ("band", band))
+        if usable:
+            put("spectuner_context_length_collapse", 1.0 if snap.lengths.collapse else 0.0)
+        put("spectuner_speculation_cutoff_context_tokens", snap.lengths.cutoff_tokens)
     return out
 
 
