@@ -78,11 +78,10 @@ class Controller:
     def sync_configs(self, now: datetime, applied_by: str = AppliedBy.STARTUP) -> None:
         """Record the actuator's config for engine series that have none or a different one
         (first scrape after a start: the collector has just learned the series' keys)."""
-        # An apply holds the lock for minutes (a restart, a blue/green warm-up) and records its config
-        # itself: waiting here would stall the collect job behind it and lose the windows of the change.
-        if not self.lock.acquire(blocking=False):
-            return
-        try:
+        # Waits behind an apply on purpose: the collect job then stores no window while the engine changes
+        # under it, so no window of the new engine is tagged with the old config (it would pollute the old
+        # draft's measured history); the apply records the new config when it is in force.
+        with self.lock:
             spec = in_force(self.actuator)
             if spec is None:
                 return
@@ -90,8 +89,6 @@ class Controller:
                 stored = self.store.current_config(key)
                 if stored is None or stored.config.spec.fingerprint != spec.fingerprint:
                     record_configs(self.store, [key], spec, now, applied_by)
-        finally:
-            self.lock.release()
 
     def decide(self, now: datetime) -> TickResult:
         """One reconcile step: overrides, else context → policy → guardrails → actuator → audit."""

@@ -23,6 +23,7 @@ from tuner.actuators.blue_green import BlueGreenActuator
 from tuner.actuators.drain_hold import DrainHoldActuator
 from tuner.actuators.front_door import InProcessTap
 from tuner.actuators.restart import RestartActuator
+from tuner.actuators.rolling import RollingActuator, Verifier
 from tuner.engine.process import free_port
 from tuner.lab.serve import LabServer
 
@@ -166,6 +167,41 @@ def lab_strategy_actuator(strategy: str, models_dir: Path, workdir: Path) -> tup
     return actuator, tap
 
 
+def lab_rolling_actuator(
+    models_dir: Path, workdir: Path, *, verify: Verifier | None = None, drain_timeout_s: float = 60.0
+) -> tuple[RollingActuator, InProcessTap]:
+    """Rolling apply over two lab engine replicas behind one in-process tap, each replica a plain
+    restart actuator gated on ``/v1/models`` and pinned to its own core (two engines on one core
+    start in minutes). Nothing is started but the tap; ``actuator.start(config)`` starts both."""
+    ports = (free_port(), free_port())
+    while ports[1] == ports[0]:
+        ports = (ports[0], free_port())
+    pins = side_by_side_cpu_env(ports)
+    servers = [
+        LabServer(draft="none", k=0, port=port, models_dir=models_dir, workdir=workdir / f"replica-{i}")
+        for i, port in enumerate(ports)
+    ]
+    replicas: list[RestartActuator] = []
+    for server in servers:
+        server.tmp_dir.mkdir(parents=True, exist_ok=True)
+        assert server.port is not None
+        replicas.append(
+            RestartActuator(
+                server.argv(),
+                f"{server.base_url}/v1/models",
+                server.log_path,
+                startup_timeout_s=300.0,
+                shutdown_timeout_s=10.0,
+                pass_shutdown_timeout=False,
+                env={**server.env(), **pins[server.port]},
+            )
+        )
+    urls = [s.base_url for s in servers]
+    tap = InProcessTap("127.0.0.1", 0, urls[:1], max_hold_s=300.0, max_held=100, read_timeout_s=300.0)
+    tap.start()
+    return RollingActuator(replicas, urls, tap.client, verify=verify, drain_timeout_s=drain_timeout_s), tap
+
+
 def engine_url_of(actuator: RestartActuator) -> str:
     """Where the actuator's engine serves now (blue/green moves between two ports)."""
     url = getattr(actuator, "engine_url", None)
@@ -174,4 +210,12 @@ def engine_url_of(actuator: RestartActuator) -> str:
     return actuator.health_url.rsplit("/", 1)[0]
 
 
-__all__ = ["Outcome", "SteadyLoad", "complete", "engine_url_of", "lab_strategy_actuator", "reference_texts"]
+__all__ = [
+    "Outcome",
+    "SteadyLoad",
+    "complete",
+    "engine_url_of",
+    "lab_rolling_actuator",
+    "lab_strategy_actuator",
+    "reference_texts",
+]
