@@ -31,6 +31,7 @@ from typing import Any
 from collectors.traffic_record import TrafficSample
 from policies.acceptance import estimate_alpha_from_evidence
 from policies.shadow_replay import EMPTY, ReplayResult, ngram_propose, replay_proposer, steps_from_predictions
+from policies.spec_config import K_KEY
 
 HEAD_METHODS = frozenset({"eagle", "eagle3", "mtp", "medusa"})
 NGRAM_METHODS = frozenset({"ngram", "ngram_gpu"})
@@ -208,7 +209,7 @@ def evaluate(
             candidate, k, skipped="not_replayed",
             details={"why": "suffix decoding keeps a cross-request cache; its replay is not implemented"},
         )
-    k = int(candidate.extra.get("num_speculative_tokens", k))
+    k = int(candidate.extra.get(K_KEY, k))
     if method in NGRAM_METHODS:
         replay = evaluate_ngram(samples, k, candidate.extra, max_model_len, throttle)
         check = "not_needed"

@@ -11,6 +11,7 @@ two lab engine replicas behind the same tap, each pinned to its own core, and ch
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -201,6 +202,9 @@ def roll_under_load(lab_models: Manifest, tmp_path: Path, verdict: Callable[[str
     finally:
         actuator.stop()
         tap.stop()
+        for replica in actuator.replicas:  # a short private TMPDIR made because tmp_path is too deep for ZeroMQ
+            if not Path(replica.env["TMPDIR"]).is_relative_to(tmp_path):
+                shutil.rmtree(replica.env["TMPDIR"], ignore_errors=True)
 
 
 def test_rolling_apply_changes_both_replicas_one_at_a_time_failing_no_request(

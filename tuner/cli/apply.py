@@ -136,7 +136,7 @@ def apply(
         help="A registered draft (`spectuner drafts list`), a drafts entry of --config, ngram, suffix or off.",
     ),
     k: int | None = typer.Option(
-        None, "--k", help="K (vLLM's num_speculative_tokens) with --draft (default with --k-table: its largest K)."
+        None, "--k", help="K with --draft (default with --k-table: its largest K)."
     ),
     k_table: str | None = typer.Option(
         None, "--k-table", help="K per batch size with --draft: JSON rows [lo, hi, K], e.g. '[[1,4,5],[5,16,2]]'."
