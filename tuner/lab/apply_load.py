@@ -151,7 +151,7 @@ def lab_strategy_actuator(strategy: str, models_dir: Path, workdir: Path) -> tup
     tap.start()
     argv, log_path = bare.argv(), bare.log_path
     timing: dict[str, Any] = {
-        "startup_timeout_s": 300.0, "shutdown_timeout_s": 10.0, "pass_shutdown_timeout": False, "env": bare.env(),
+        "startup_timeout_s": 600.0, "shutdown_timeout_s": 10.0, "pass_shutdown_timeout": False, "env": bare.env(),
     }
     actuator: RestartActuator
     if strategy == "blue_green":
@@ -190,7 +190,7 @@ def lab_rolling_actuator(
                 server.argv(),
                 f"{server.base_url}/v1/models",
                 server.log_path,
-                startup_timeout_s=300.0,
+                startup_timeout_s=600.0,
                 shutdown_timeout_s=10.0,
                 pass_shutdown_timeout=False,
                 env={**server.env(), **pins[server.port]},
