@@ -1,7 +1,7 @@
 """spectuner's full policy (tuner/controller/policy.py ``propose``): draft swap, then K or the table.
 
 Contexts are built from i.i.d. acceptance counts with a known α (tests.fakes.make_context, as
-build_context does), so every expected outcome follows from the closed forms in DESIGN.md.
+build_context does), so every expected outcome follows from the closed forms in docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -210,7 +210,7 @@ def iid(alpha: float, k: int, drafts: int) -> SpecCounters:
 
 
 def test_propose_k_moves_to_leviathans_best_k() -> None:
-    # α = 0.8, c = 0.05 ⇒ K = 8 at batch 1 (DESIGN.md); from K = 2 the gain is well above 1.
+    # α = 0.8, c = 0.05 ⇒ K = 8 at batch 1 (docs/architecture.md); from K = 2 the gain is well above 1.
     out = propose_k(k_evidence(iid(0.8, 2, 20000), 2), PolicySettings(PolicySection(k_max=8, cost_ratio=0.05)))
     assert out.reason is PolicyReason.CHANGE_K and out.target is not None
     assert out.target.k == 8 and out.target.model == "/d"

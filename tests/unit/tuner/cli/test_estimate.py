@@ -48,7 +48,7 @@ def test_one_dump_sums_the_engines_since_start() -> None:
     a = data["accepted_tokens"]
     d = data["drafts"]
     last = e0.accepted_per_pos[-1] + e1.accepted_per_pos[-1]
-    assert data["alpha"] == pytest.approx(a / (a + d - last))  # DESIGN.md's MLE
+    assert data["alpha"] == pytest.approx(a / (a + d - last))  # the MLE of docs/architecture.md
     assert data["draft_acceptance_rate"] == pytest.approx(a / data["draft_tokens"])
     assert data["mean_acceptance_length"] == pytest.approx(1 + a / d)
     lo, hi = data["alpha_ci"]
