@@ -59,6 +59,12 @@ class OtlpSection(_Section):
 class ExportersSection(_Section):
     window_s: float = Field(default=120.0, gt=0, description="figures over windows that ended in the last N s")
     refresh_interval_s: float = Field(default=15.0, gt=0, description="how often values are recomputed")
+    length_window_s: float = Field(
+        default=3600.0, gt=0, description="α̂ by context length over the tap's requests of the last N s"
+    )
+    length_refresh_s: float = Field(
+        default=60.0, gt=0, description="how often those bands are re-read (each read scans that window's requests)"
+    )
     prometheus: PrometheusSection = Field(default_factory=PrometheusSection)
     otlp: OtlpSection = Field(default_factory=OtlpSection)
 
