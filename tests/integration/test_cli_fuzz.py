@@ -102,6 +102,7 @@ def assert_clean_failure(args: list[str], *, allowed: tuple[int, ...] = (1, 2)) 
 # Every command that opens the database, with what it needs besides --db. {cfg} is a valid config.
 STORE_COMMANDS: dict[str, list[str]] = {
     "status": ["status"],
+    "status --fleet": ["status", "--fleet"],
     "history": ["history"],
     "apply": ["apply", "--draft", "ngram", "--k", "2", "--yes", "--config", "{cfg}"],
     "pause": ["pause", "--note", "fuzz"],
@@ -176,6 +177,10 @@ HOSTILE: list[list[str]] = [
     ["status", "--window-s", "inf", "--db", "{db}"],
     ["status", "--events-window-s", "-5", "--db", "{db}"],
     ["status", "--engine", "http://[::1", "--db", "{db}"],
+    ["status", "--fleet", "--window-s", "nan", "--db", "{db}"],
+    ["status", "--fleet", "--window-s", "-1", "--db", "{db}"],
+    ["status", "--fleet", "--engine", "{engine}", "--db", "{db}"],
+    ["status", "--fleet", "--config", "{binary}", "--db", "{db}"],
     ["history", "--since", "nanh", "--db", "{db}"],
     ["history", "--since", "99999999999999999999d", "--db", "{db}"],
     ["history", "--limit", "-1", "--db", "{db}"],

@@ -44,7 +44,8 @@ _COMMAND_MODULES = (
 _HELP: dict[str, dict[str, str]] = {
     "tuner.cli.status": {
         "status": "Per engine series: the config in force, α̂ and throughput over the last window, "
-        "pause, pending changes, the last decision and recent events."
+        "pause, pending changes, the last decision and recent events. ``--fleet``: the engines grouped, "
+        "with outliers."
     },
     "tuner.cli.history": {
         "history": "The audit log, newest first: decisions (with who, status and predicted/realized gain), "

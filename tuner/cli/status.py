@@ -42,21 +42,33 @@ def status(
         3600.0, "--length-window-s", help="Seconds of per-request records behind α by context length."
     ),
     length_edges: str | None = typer.Option(
-        None, "--length-edges", help="Context-length band edges in tokens, e.g. 2048,8192,32768 "
-        "(default 512, 1024, … 32768)."
+        None,
+        "--length-edges",
+        help="Context-length band edges in tokens, e.g. 2048,8192,32768 (default 512, 1024, … 32768).",
+    ),
+    fleet: bool = typer.Option(
+        False,
+        "--fleet",
+        help="Every engine in the store grouped by (target, draft, config): pooled α̂ with its "
+        "interval, configs, pending changes, outliers.",
     ),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """Per engine series: the config in force, α̂ and throughput over the last window, pause, pending
-    changes, the last decision and recent events."""
+    changes, the last decision and recent events. ``--fleet``: the engines grouped, with outliers."""
     year_s = 366 * 86400.0  # further back than a year is a typo (and past what datetime can subtract)
     require_range("--window-s", window_s, low=0.0, high=year_s, low_open=True)
     require_range("--events-window-s", events_window_s, low=0.0, high=year_s, low_open=True)
     require_range("--length-window-s", length_window_s, low=0.0, high=year_s, low_open=True)
     edges = _length_edges(length_edges)
+    if fleet and engine is not None:
+        fail_usage("--fleet shows every engine in the store; drop --engine (or drop --fleet for one engine)")
     from sqlalchemy.exc import SQLAlchemyError
 
     cfg = load_config_or_exit(config)
+    if fleet:
+        _fleet_status(db, config, cfg, window_s, as_json)
+        return
     url_filter = _engine_url(engine or (cfg.engine.metrics_url if cfg is not None else None))
     store = open_store(db, config, cfg, read_only=True)
     now = datetime.now(UTC)
@@ -72,6 +84,25 @@ def status(
         print_json(data)
         return
     _print_human(data, now)
+
+
+def _fleet_status(db: str | None, config: Path | None, cfg: Any, window_s: float, as_json: bool) -> None:
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from tuner.cli.status_fleet import gather_fleet, print_fleet
+
+    store = open_store(db, config, cfg, read_only=True)
+    now = datetime.now(UTC)
+    try:
+        with store:
+            confidence = cfg.policy.confidence if cfg is not None else 0.95
+            data = gather_fleet(store, now, window_s, confidence)
+    except SQLAlchemyError as exc:
+        fail_runtime(f"cannot read the database {store!r}: {db_error_detail(exc)}")
+    if as_json:
+        print_json(data)
+    else:
+        print_fleet(data)
 
 
 def _engine_url(text: str | None) -> str | None:
@@ -99,8 +130,6 @@ def gather(
     """The status document (the ``--json`` output)."""
     from policies.acceptance import alpha_of_windows
     from tuner.controller import manual
-    from tuner.controller.audit import CHANGE
-    from tuner.store import DecisionStatus
     from tuner.store.lengths import context_length_view
     from tuner.store.url import render_url
 
@@ -108,12 +137,7 @@ def gather(
     events_since = now - timedelta(seconds=events_window_s)
     pauses = manual.active_pauses(store)
     overrides = manual.pending_overrides(store)
-    in_flight = [
-        d
-        for status in (DecisionStatus.APPLYING, DecisionStatus.APPLIED)
-        for d in store.decisions(status=status)
-        if d.decision.action in (CHANGE, manual.OVERRIDE)
-    ]
+    in_flight = changes_in_flight(store)
     engines = []
     for stored in store.engines():
         key = stored.key
@@ -150,7 +174,7 @@ def gather(
                 "url": key.url,
                 "model_name": key.model_name,
                 "engine": key.engine,
-                "config": _config(store, current),
+                "config": config_view(store, current),
                 "last_window_end": iso(latest.end) if latest else None,
                 "last_window_age_s": round((now - latest.end).total_seconds(), 1) if latest else None,
                 "window": {
@@ -166,8 +190,8 @@ def gather(
                     "alpha_reason": est.reason.value,
                     "alpha_since": iso(max(since, started)) if started is not None else iso(since),
                 },
-                "pending": [_decision(d) for d in in_flight if d.decision.engine in (None, key)],
-                "last_decision": _decision(last[0]) if last else None,
+                "pending": [decision_view(d) for d in in_flight if d.decision.engine in (None, key)],
+                "last_decision": decision_view(last[0]) if last else None,
                 "events": {
                     "since": iso(events_since),
                     **{s: severities.get(s, 0) for s in ("info", "warning", "critical")},
@@ -184,10 +208,25 @@ def gather(
         "events_window_s": events_window_s,
         "now": iso(now),
         "paused": bool(pauses),
-        "pauses": [_decision(d) for d in pauses],
-        "pending_overrides": [_decision(d) for d in overrides],
+        "pauses": [decision_view(d) for d in pauses],
+        "pending_overrides": [decision_view(d) for d in overrides],
         "engines": engines,
     }
+
+
+def changes_in_flight(store: Any) -> list[Any]:
+    """Changes and overrides applied (or being applied) and not yet verified or rolled back: what
+    `status` calls pending, per engine and for the fleet."""
+    from tuner.controller import manual
+    from tuner.controller.audit import CHANGE
+    from tuner.store import DecisionStatus
+
+    return [
+        d
+        for status in (DecisionStatus.APPLYING, DecisionStatus.APPLIED)
+        for d in store.decisions(status=status)
+        if d.decision.action in (CHANGE, manual.OVERRIDE)
+    ]
 
 
 def _length_edges(text: str | None) -> tuple[int, ...] | None:
@@ -203,7 +242,7 @@ def _length_edges(text: str | None) -> tuple[int, ...] | None:
     return edges
 
 
-def _config(store: Any, stored: Any) -> dict[str, Any] | None:
+def config_view(store: Any, stored: Any) -> dict[str, Any] | None:
     if stored is None:
         return None
     c = stored.config
@@ -227,7 +266,7 @@ def _config(store: Any, stored: Any) -> dict[str, Any] | None:
     }
 
 
-def _decision(d: Any) -> dict[str, Any]:
+def decision_view(d: Any) -> dict[str, Any]:
     rec = d.decision
     return {
         "id": d.id,
