@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
@@ -56,11 +56,18 @@ class DraftCandidate:
     dtype: str = "bfloat16"
     cost_ratio: float | None = None
     speculative_config: Mapping[str, Any] = field(default_factory=dict)
+    # Pseudo-tokens ``prior_alpha`` is worth; None: the trigger config's ``prior_strength_trials``. Set
+    # with ``prior_source`` when the prior comes from elsewhere (the fleet: ``policies.fleet``).
+    prior_strength_trials: float | None = None
+    prior_source: str = "configured"
 
     def __post_init__(self) -> None:
         if not self.name:
             raise ValueError("a draft candidate needs a name")
         check_alpha(self.prior_alpha)
+        strength = self.prior_strength_trials
+        if strength is not None and not (math.isfinite(strength) and strength >= 0):
+            raise ValueError(f"draft candidate {self.name!r}: prior strength must be ≥ 0 but got {strength!r}")
         if self.method not in FREE_METHODS and not self.path and not self.in_target:
             raise ValueError(f"draft candidate {self.name!r} ({self.method}) needs a model path")
         if self.params < 0 or self.kv_bytes_per_token < 0:
@@ -278,6 +285,7 @@ class CandidateScore:
     speedup: float
     speedup_ci: tuple[float, float]
     message: str
+    prior: str = ""  # where the prior α came from, e.g. "configured 0.50 worth 200 tokens"
 
 
 class DraftReason(StrEnum):
@@ -410,20 +418,13 @@ def choose_draft(snapshot: DraftChoiceSnapshot) -> DraftDecision:
     for cand in snapshot.candidates:
         if cand.name == snapshot.current:
             continue
-        alpha, ci, source = _posterior(
-            cand.prior_alpha, cfg.prior_strength_trials, snapshot.history.get(cand.name), cfg.confidence
+        strength = cfg.prior_strength_trials if cand.prior_strength_trials is None else cand.prior_strength_trials
+        alpha, ci, source = _posterior(cand.prior_alpha, strength, snapshot.history.get(cand.name), cfg.confidence)
+        score = _score(
+            snapshot, cand.name, cand.footprint(), cand.cost_ratio_for(snapshot.target_params), alpha, ci, source
         )
-        ranking.append(
-            _score(
-                snapshot,
-                cand.name,
-                cand.footprint(),
-                cand.cost_ratio_for(snapshot.target_params),
-                alpha,
-                ci,
-                source,
-            )
-        )
+        prior = f"{cand.prior_source} {cand.prior_alpha:.2f} worth {strength:.0f} tokens"
+        ranking.append(replace(score, prior=prior))
     usable = [s for s in ranking if s.fits_memory and s.k > 0]
     # Measured history first among equals: sort by speedup, then by how much of α was measured.
     usable.sort(key=lambda s: (s.speedup, s.source != "prior"), reverse=True)

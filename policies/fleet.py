@@ -29,7 +29,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -329,11 +329,26 @@ def fleet_prior(
 ) -> FleetPrior:
     """The hierarchical prior for α of ``draft`` on ``target`` (``exclude``: the engine asking, whose
     own evidence must not be counted twice)."""
+    method, model = draft
+    evidence: dict[str, AcceptanceEvidence] = {}
+    for e in engines:
+        if e.target == target and e.config.draft == (method, model) and e.engine != exclude:
+            ev = alpha_of_windows(e.windows).evidence
+            if ev is not None:
+                evidence[e.engine] = evidence[e.engine] + ev if e.engine in evidence else ev
+    return prior_from_evidence(target, draft, evidence, settings)
+
+
+def prior_from_evidence(
+    target: str,
+    draft: tuple[str, str | None],
+    evidence: Mapping[str, AcceptanceEvidence],
+    settings: PriorSettings | None = None,
+) -> FleetPrior:
+    """:func:`fleet_prior` from each engine's summed α evidence of that draft (engine name → evidence)."""
     settings = settings or PriorSettings()
     method, model = draft
-    members = [e for e in engines if e.target == target and e.config.draft == (method, model) and e.engine != exclude]
-    evidence = [(e.engine, alpha_of_windows(e.windows).evidence) for e in members]
-    used = [(name, ev) for name, ev in evidence if ev is not None and ev.trials > 0]
+    used = [(name, ev) for name, ev in evidence.items() if ev.trials > 0]
     what = f"{method}" + (f" {model}" if model else "") + f" on {target}"
     if not used:
         return FleetPrior(target, method, model, PriorReason.NO_EVIDENCE, f"no engine in the fleet serves {what} yet.")

@@ -348,6 +348,10 @@ class SwapSection(_Section):
     segments: int = Field(default=3, ge=1, le=20, description="slices that must each be below the threshold")
     prior_strength_trials: float = Field(default=200.0, ge=0, description="weight of a candidate's prior α")
     history_s: float = Field(default=7 * 86400.0, gt=0, description="how far back candidates' α is measured")
+    fleet_prior: bool = Field(
+        default=False,
+        description="candidates' prior α from the other engines of this target in the store (docs/fleet.md)",
+    )
 
 
 class MemorySection(_Section):

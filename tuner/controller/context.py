@@ -36,6 +36,7 @@ from tuner.controller.evidence import (
     window_batches,
     windows_under,
 )
+from tuner.controller.fleet_prior import with_fleet_priors
 from tuner.controller.settings import ControllerSettings
 from tuner.controller.step_cost import config_specs, step_cost_from_steps
 from tuner.store import Store, StoredConfig
@@ -207,6 +208,7 @@ class ControllerMemory:
     streak: tuple[str | None, int] = (None, 0)  # (target fingerprint, decisions in a row proposing it)
     last_recorded: tuple[str, str] | None = None  # (target, status:reason) of the last held/advisory row
     history: HistoryCache = field(default_factory=HistoryCache)  # α evidence read so far, per config period
+    fleet_history: dict[str, HistoryCache] = field(default_factory=dict)  # the same, per other engine's URL
     load: LoadProfile = field(default_factory=LoadProfile)  # requests running over the load horizon
     # (read at, running draft, (T(B, K), note, source)): re-read every refit interval or on a swap
     step_cost: tuple[datetime, tuple[str, str | None], tuple[StepCostModel, str, str] | None] | None = None
@@ -234,6 +236,12 @@ def build_context(
     ctx, memory = _with_step_cost(ctx, store, settings, running, memory)
     if settings.policy.swap is None or not configured:
         return ctx, memory
+    if settings.fleet_prior:
+        fleet, _ = with_fleet_priors(store, keys, now, settings.history_s, everyone, memory.fleet_history)
+        everyone = list(fleet)
+        # the policy tells the running draft by identity: the same object as in the candidates
+        running = next((c for c in everyone if running is not None and c.name == running.name), running)
+        ctx = replace(ctx, running=running)
     return replace(
         ctx,
         candidates=tuple(everyone),

@@ -347,6 +347,7 @@ def _draft_details(decision: DraftDecision, swap: DraftTriggerConfig) -> dict[st
                 "speedup": r.speedup,
                 "speedup_ci": list(r.speedup_ci),
                 "fits_memory": r.fits_memory,
+                "prior": r.prior,
             }
             for r in decision.ranking
         ],

@@ -77,6 +77,7 @@ class ControllerSettings:
     guardrails: GuardrailsSection = field(default_factory=GuardrailsSection)
     policy: PolicySettings = field(default_factory=PolicySettings)
     history_s: float = SwapSection.model_fields["history_s"].default  # how far back a candidate's α counts
+    fleet_prior: bool = False  # candidates' prior α from the fleet (tuner.controller.fleet_prior)
     failed_retry_s: float = FAILED_RETRY_S
 
     @classmethod
@@ -88,6 +89,7 @@ class ControllerSettings:
             guardrails=config.guardrails,
             policy=PolicySettings.from_sections(config.policy, config.memory, config.swap),
             history_s=config.swap.history_s,
+            fleet_prior=config.swap.fleet_prior,
         )
 
     @property
