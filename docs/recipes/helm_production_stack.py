@@ -26,7 +26,7 @@ import os
 import tempfile
 from typing import Any
 
-from recipe_common import RecipeError, load_json, main, read_config, run, with_spec
+from recipe_common import RecipeError, load_json, main, read_config, run, wait_for_rollout, what_was_set, with_spec
 
 
 def parse() -> argparse.Namespace:
@@ -82,16 +82,9 @@ def apply(stdin: str) -> str:
         os.unlink(path)
     deployment = f"deployment/{a.release}-{a.model_spec}-deployment-vllm"
     rollout = [a.kubectl, *ns, "rollout", "status", deployment, f"--timeout={a.rollout_timeout_s:g}s"]
-    try:
-        run(rollout, a.rollout_timeout_s + step_s)
-    except RecipeError as exc:
-        if a.no_undo:
-            raise RecipeError(f"rollout failed and was left as it is (--no-undo): {exc}") from exc
-        run([a.helm, "rollback", a.release, *ns], step_s)
-        run(rollout, a.rollout_timeout_s + step_s)
-        raise RecipeError(f"rollout failed, release {a.release} rolled back to its previous revision: {exc}") from exc
-    what = "without --speculative-config" if value is None else f"with --speculative-config {value}"
-    return f"release {a.release}: {deployment} rolled out {what}"
+    undo = None if a.no_undo else [a.helm, "rollback", a.release, *ns]
+    wait_for_rollout(rollout, a.rollout_timeout_s, undo, f"release {a.release} rolled back to its previous revision")
+    return f"release {a.release}: {deployment} rolled out {what_was_set(value)}"
 
 
 if __name__ == "__main__":

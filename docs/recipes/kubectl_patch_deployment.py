@@ -22,7 +22,17 @@ import argparse
 import json
 from typing import Any
 
-from recipe_common import FLAG, RecipeError, load_json, main, read_config, run, with_spec
+from recipe_common import (
+    FLAG,
+    RecipeError,
+    load_json,
+    main,
+    read_config,
+    run,
+    wait_for_rollout,
+    what_was_set,
+    with_spec,
+)
 
 
 def parse() -> argparse.Namespace:
@@ -68,16 +78,9 @@ def apply(stdin: str) -> str:
         return f"deployment/{a.deployment} already runs this config; nothing patched"
     run([*kubectl, "patch", "deployment", a.deployment, "--type=json", "-p", json.dumps(patch)], step_s)
     rollout = [*kubectl, "rollout", "status", f"deployment/{a.deployment}", f"--timeout={a.rollout_timeout_s:g}s"]
-    try:
-        run(rollout, a.rollout_timeout_s + step_s)
-    except RecipeError as exc:
-        if a.no_undo:
-            raise RecipeError(f"rollout failed and was left as it is (--no-undo): {exc}") from exc
-        run([*kubectl, "rollout", "undo", f"deployment/{a.deployment}"], step_s)
-        run(rollout, a.rollout_timeout_s + step_s)
-        raise RecipeError(f"rollout failed, deployment/{a.deployment} undone to its previous config: {exc}") from exc
-    what = "without --speculative-config" if value is None else f"with --speculative-config {value}"
-    return f"deployment/{a.deployment} rolled out {what}"
+    undo = None if a.no_undo else [*kubectl, "rollout", "undo", f"deployment/{a.deployment}"]
+    wait_for_rollout(rollout, a.rollout_timeout_s, undo, f"deployment/{a.deployment} undone to its previous config")
+    return f"deployment/{a.deployment} rolled out {what_was_set(value)}"
 
 
 if __name__ == "__main__":

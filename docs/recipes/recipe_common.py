@@ -83,6 +83,24 @@ def run(argv: Sequence[str], timeout_s: float) -> str:
     return done.stdout
 
 
+def wait_for_rollout(rollout: Sequence[str], timeout_s: float, undo: Sequence[str] | None, undone: str) -> None:
+    """Run the rollout check; if it fails, run ``undo`` (None: ``--no-undo``), wait for that rollout and
+    raise RecipeError saying ``undone`` (what the undo did)."""
+    slack_s = 120.0  # the check's own start-up on top of its --timeout
+    try:
+        run(rollout, timeout_s + slack_s)
+    except RecipeError as exc:
+        if undo is None:
+            raise RecipeError(f"rollout failed and was left as it is (--no-undo): {exc}") from exc
+        run(undo, 300.0)
+        run(rollout, timeout_s + slack_s)
+        raise RecipeError(f"rollout failed, {undone}: {exc}") from exc
+
+
+def what_was_set(value: str | None) -> str:
+    return "without --speculative-config" if value is None else f"with --speculative-config {value}"
+
+
 def main(body: Callable[[str], str]) -> NoReturn:
     """Run ``body(stdin) -> success message``; any RecipeError is the answer ok: false."""
     try:
