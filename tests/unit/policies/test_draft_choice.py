@@ -161,3 +161,17 @@ def test_candidate_validation() -> None:
         DraftTriggerConfig(threshold=0)
     assert NGRAM.footprint().weights_bytes == 0 and NGRAM.cost_ratio_for(None) == 0.0
     assert DraftCandidate("y", "eagle", "/p", params=100).cost_ratio_for(1000) == 0.1
+
+
+def test_a_candidates_own_prior_strength_outweighs_the_configs() -> None:
+    """A fleet prior carries its own strength: history weighs against it, not against the config's 200."""
+    history = {"big": AcceptanceEvidence(300.0, 2700.0, 2700.0)}  # measured α ≈ 0.1 here
+    strong = replace(BIG, prior_strength_trials=100_000.0, prior_source="fleet (5 engine(s))")
+    decision = choose_draft(snapshot(windows([0.2] * 10), history=history, candidates=(CURRENT, SMALL, strong)))
+    big = next(s for s in decision.ranking if s.name == "big")
+    assert big.alpha > 0.85 and decision.candidate is strong  # the fleet's 100k tokens dominate 3k measured
+    assert big.prior == "fleet (5 engine(s)) 0.90 worth 100000 tokens"
+    default = choose_draft(snapshot(windows([0.2] * 10), history=history))
+    assert next(s for s in default.ranking if s.name == "big").prior == "configured 0.90 worth 200 tokens"
+    with pytest.raises(ValueError, match="prior strength"):
+        replace(BIG, prior_strength_trials=-1.0)
