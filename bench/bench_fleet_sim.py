@@ -119,7 +119,7 @@ def _markdown(doc: dict[str, Any]) -> str:
         "rollbacks of better or neutral ones; the range over seeds in brackets):",
         "",
         "| drift (load ±, α ±, step time ±) | canary | before/after (`verify.judge`) | before/after (controller: "
-        "matched load + prompt shift) | before/after ÷ canary |",
+        "matched load + prompt shift) | ÷ canary (judge, controller) |",
         "|---|---|---|---|---|",
     ]
     for level, data in doc["levels"].items():
@@ -131,10 +131,11 @@ def _markdown(doc: dict[str, Any]) -> str:
             cells.append(
                 f"{j['wrong_per_100']:.1f} ({j['wrong_promotions']}+{j['wrong_rollbacks']}) [{lo:.1f}–{hi:.1f}]"
             )
-        ratio = (
-            p["before_after"]["wrong_per_100"] / p["canary"]["wrong_per_100"] if p["canary"]["wrong_per_100"] else None
-        )
-        cells.append("—" if ratio is None else f"{ratio:.1f}×")
+        wrong_canary = p["canary"]["wrong_per_100"]
+        ratios = [
+            p[j]["wrong_per_100"] / wrong_canary if wrong_canary else None for j in ("before_after", "controller")
+        ]
+        cells.append(", ".join("—" if r is None else f"{r:.1f}×" for r in ratios))
         lines.append(
             f"| {level} ({d['load_rel']:.0%}, {d['alpha_abs']:.2f}, {d['step_rel']:.0%}) | " + " | ".join(cells) + " |"
         )
