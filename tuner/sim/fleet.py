@@ -205,15 +205,16 @@ class FleetWorld:
         return _Windows(starts, tokens, batch, step / per_step, spec)
 
 
-def _minute_samples(w: _Windows, from_s: float, to_s: float, sample_s: float) -> tuple[list[Any], list[Any]]:
+def _minute_samples(
+    w: _Windows, from_s: float, to_s: float, sample_s: float, interval_s: float
+) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
     """(goodput per engine-second, mean TPOT) samples, one per whole ``sample_s`` in [from_s, to_s)."""
     goodput, tpot = [], []
     for m in range(int((to_s - from_s) // sample_s)):
         lo = from_s + m * sample_s
         sel = (w.start_s >= lo) & (w.start_s < lo + sample_s)
         if sel.any():
-            span = float(sel.sum()) * float(w.start_s[1] - w.start_s[0] if len(w.start_s) > 1 else sample_s)
-            goodput.append((lo, float(w.tokens[sel].sum()) / span))
+            goodput.append((lo, float(w.tokens[sel].sum()) / (float(sel.sum()) * interval_s)))
             tpot.append((lo, float(w.tpot_s[sel].mean())))
     return goodput, tpot
 
@@ -223,7 +224,9 @@ def _canary(
 ) -> tuple[CanaryDecision, float, str]:
     """Judge every ``sample_s`` until decided; rolled back at ``canary_max_s`` if still undecided."""
     s = world.settings
-    samples = [_minute_samples(w, change_at_s, change_at_s + s.canary_max_s, s.sample_s) for w in fleet]
+    samples = [
+        _minute_samples(w, change_at_s, change_at_s + s.canary_max_s, s.sample_s, world.interval_s) for w in fleet
+    ]
     last = len(samples[replica][0])
     for m in range(s.canary.min_samples, last + 1):
         metric_samples = {}
