@@ -254,9 +254,9 @@ class Scenario(_Section):
             if d.method in ("ngram", "suffix"):
                 loaded = sorted({"weights_bytes", "kv_bytes_per_token", "cost_ratio"} & d.model_fields_set)
                 if loaded:
-                    raise ValueError(f"draft {d.name!r} ({d.method}) loads no model: {loaded} do not apply; remove them")
+                    raise ValueError(f"draft {d.name!r} ({d.method}) loads no model: {loaded} do not apply")
         if self.engine.kv_read_s_per_token > 0 and self.engine.memory is None:
-            raise ValueError("engine.kv_read_s_per_token needs [engine.memory] (its tokens_per_seq is the context read)")
+            raise ValueError("engine.kv_read_s_per_token needs [engine.memory] (tokens_per_seq: the context read)")
         unknown_candidates = sorted(set(self.controller.candidates or ()) - set(names))
         if unknown_candidates:
             raise ValueError(f"controller.candidates names unknown draft(s) {unknown_candidates}; drafts: {names}")
