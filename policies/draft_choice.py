@@ -32,6 +32,7 @@ from policies.acceptance import AcceptanceEvidence, AlphaReason, evidence_from_c
 from policies.acceptance_model import ConstantAlphaModel
 from policies.choose_k import KChoiceSnapshot, KDecision, choose_k, evaluate_k
 from policies.counters import SpecCounters
+from policies.dispersion import DispersionSums
 from policies.memory import FREE_METHODS, DraftFootprint, MemoryBudget, weight_bytes
 from policies.spec_config import OFF, RESERVED_KEYS, KRow, SpecConfig
 from policies.speedup import check_alpha
@@ -247,6 +248,7 @@ def _statistic(windows: Sequence[SpecWindow], config: DraftTriggerConfig) -> tup
         upper = 1.0 if a == t else float(stats.beta.ppf(tail, a + 0.5, t - a + 0.5))
         return a / t, upper, ""
     total = AcceptanceEvidence()
+    spread = DispersionSums()
     for w in windows:
         result = evidence_from_counters(w.counters)
         if result.reason is AlphaReason.NO_DRAFTS:
@@ -254,9 +256,11 @@ def _statistic(windows: Sequence[SpecWindow], config: DraftTriggerConfig) -> tup
         if result.evidence is None:
             return None, None, f"window ending {w.end.isoformat()}: {result.message}"
         total = total + result.evidence
+        spread = spread.add(result.evidence.successes, result.evidence.trials)
     if total.trials == 0:
         return None, None, ""
-    s, f = total.successes, total.failures
+    # windows that vary more than independent tokens carry less information: counts divided by φ
+    s, f = total.successes / spread.phi, total.failures / spread.phi
     upper = 1.0 if f == 0 else float(stats.beta.ppf(tail, s + 0.5, f + 0.5))
     return s / total.trials, upper, ""
 
