@@ -91,9 +91,7 @@ class SimEngine:
         phases = scenario.load.phases
         self._phase_ends = np.cumsum([p.duration_s for p in phases]) if phases else np.array([np.inf])
         self._phase_concurrency = np.array([p.concurrency for p in phases] or [0.0])
-        self._phase_scale = {
-            d.name: np.array([p.scale_for(d.name) for p in phases] or [1.0]) for d in scenario.drafts
-        }
+        self._phase_scale = {d.name: np.array([p.scale_for(d.name) for p in phases] or [1.0]) for d in scenario.drafts}
 
     # -- configs -------------------------------------------------------------------------------
     def to_spec(self, cfg: SimConfig) -> SpecConfig:
@@ -287,16 +285,36 @@ class SimEngine:
             n = int(drafts[i])
             if k == 0:  # a table row with K = 0: plain decoding steps, no drafts
                 spec = SpecCounters(0, 0, 0, (), None)
-                out.append(SimWindow(float(starts_s[i]), float(ends_s[i]), float(n), spec, float(b[i]),
-                                     float(waiting[i]), float(step_s[i]), 0))
+                out.append(
+                    SimWindow(
+                        float(starts_s[i]),
+                        float(ends_s[i]),
+                        float(n),
+                        spec,
+                        float(b[i]),
+                        float(waiting[i]),
+                        float(step_s[i]),
+                        0,
+                    )
+                )
                 continue
             # Counters at the window's K (as per-step records report it; /metrics alone would show K_max
             # positions and could not tell a short draft from a rejection).
             per_pos = tuple(int(x) for x in at_least[i, 1 : k + 1])
             accepted = sum(per_pos)
             spec = SpecCounters(n, n * k, accepted, per_pos, k, generated_tokens=n + accepted)
-            out.append(SimWindow(float(starts_s[i]), float(ends_s[i]), float(n + accepted), spec, float(b[i]),
-                                 float(waiting[i]), float(step_s[i]), k))
+            out.append(
+                SimWindow(
+                    float(starts_s[i]),
+                    float(ends_s[i]),
+                    float(n + accepted),
+                    spec,
+                    float(b[i]),
+                    float(waiting[i]),
+                    float(step_s[i]),
+                    k,
+                )
+            )
         return out
 
 

@@ -396,9 +396,7 @@ def daemon_config(scenario: Scenario, engine: SimEngine, *, step_cost: bool = Fa
             "regression_tolerance": c.regression_tolerance,
         },
         "drafts": [
-            _candidate(engine, d.name)
-            for d in scenario.drafts
-            if c.candidates is None or d.name in c.candidates
+            _candidate(engine, d.name) for d in scenario.drafts if c.candidates is None or d.name in c.candidates
         ],
     }
     if step_cost:
