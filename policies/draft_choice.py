@@ -367,6 +367,45 @@ def _score(
     )
 
 
+def _rank(snapshot: DraftChoiceSnapshot) -> list[CandidateScore]:
+    """Every other candidate scored with its posterior α (prior + measured history on this target)."""
+    cfg = snapshot.config
+    ranking: list[CandidateScore] = []
+    for cand in snapshot.candidates:
+        if cand.name == snapshot.current:
+            continue
+        alpha, ci, source = _posterior(
+            cand.prior_alpha, cfg.prior_strength_trials, snapshot.history.get(cand.name), cfg.confidence
+        )
+        ranking.append(
+            _score(
+                snapshot, cand.name, cand.footprint(), cand.cost_ratio_for(snapshot.target_params), alpha, ci, source
+            )
+        )
+    return ranking
+
+
+def _confidently_better(
+    snapshot: DraftChoiceSnapshot,
+    ranking: Sequence[CandidateScore],
+    current: CandidateScore | None,
+    pooled: AcceptanceEvidence,
+) -> CandidateScore | None:
+    """Beyond failure: the best candidate whose predicted speedup's lower end is above the running draft's
+    upper end, once the running draft has ``min_drafts`` of evidence (the gain rail then asks for
+    ``min_gain`` on top, the switching-cost rail for the payback); None: the running draft stays."""
+    if current is None or current.k <= 0 or pooled.drafts < snapshot.config.min_drafts:
+        return None
+    usable = [s for s in ranking if s.fits_memory and s.k > 0 and s.speedup_ci[0] > current.speedup_ci[1]]
+    return max(usable, key=lambda s: s.speedup_ci[0], default=None)
+
+
+def _current(score: CandidateScore | None) -> str:
+    if score is None:
+        return "the running draft (no estimate)"
+    return f"{score.speedup:.2f}× (interval {score.speedup_ci[0]:.2f}–{score.speedup_ci[1]:.2f}×) at K = {score.k}"
+
+
 def choose_draft(snapshot: DraftChoiceSnapshot) -> DraftDecision:
     """Keep, switch, fall back to ngram, or switch speculation off. Purely computational."""
     cfg = snapshot.config
@@ -390,7 +429,24 @@ def choose_draft(snapshot: DraftChoiceSnapshot) -> DraftDecision:
             ci,
             "measured",
         )
+    ranking = _rank(snapshot)
     if not trigger.triggered:
+        beats = _confidently_better(snapshot, ranking, current_score, pooled)
+        if beats is not None:
+            chosen = by_name[beats.name]
+            return DraftDecision(
+                DraftReason.FALLBACK_NGRAM if chosen.free else DraftReason.SWITCH_DRAFT,
+                f"{chosen.name} ({chosen.method}) at K = {beats.k} is predicted to beat the running draft: "
+                f"{beats.speedup:.2f}× plain decoding (interval {beats.speedup_ci[0]:.2f}–{beats.speedup_ci[1]:.2f}×, "
+                f"α ≈ {beats.alpha:.2f} from {beats.source}) against {_current(current_score)}.",
+                chosen,
+                beats.k,
+                beats.speedup,
+                beats.speedup_ci,
+                trigger,
+                tuple(ranking),
+                current_score,
+            )
         keep_speedup = current_score.speedup if current_score else 1.0
         keep_ci = current_score.speedup_ci if current_score else (1.0, 1.0)
         return DraftDecision(
@@ -403,24 +459,6 @@ def choose_draft(snapshot: DraftChoiceSnapshot) -> DraftDecision:
             trigger,
             (),
             current_score,
-        )
-    ranking: list[CandidateScore] = []
-    for cand in snapshot.candidates:
-        if cand.name == snapshot.current:
-            continue
-        alpha, ci, source = _posterior(
-            cand.prior_alpha, cfg.prior_strength_trials, snapshot.history.get(cand.name), cfg.confidence
-        )
-        ranking.append(
-            _score(
-                snapshot,
-                cand.name,
-                cand.footprint(),
-                cand.cost_ratio_for(snapshot.target_params),
-                alpha,
-                ci,
-                source,
-            )
         )
     usable = [s for s in ranking if s.fits_memory and s.k > 0]
     # Measured history first among equals: sort by speedup, then by how much of α was measured.
