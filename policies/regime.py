@@ -9,8 +9,9 @@ first of them (one noisy tick does not), and the length of the regime that ended
 
 A change to the engine pays back only if the regime it answers lasts longer than its payback time
 (switching cost / gain). The expected remaining length of the current regime, at age a, is the median
-of L − a over the recorded regimes that lasted longer than a (what the engine's own history says about
-regimes of that age); with fewer than ``min_history`` recorded, or none that long, it is a itself (a
+of L − a over the recorded regimes of the same direction (a fall is compared with past falls — dips —,
+a rise with past rises) that lasted longer than a (what the engine's own history says about regimes of
+that age); with fewer than ``min_history`` recorded, or none that long, it is a itself (a
 regime that has lasted a is about as likely to last another a: Lindy). So a 3-minute dip never repays a
 change that needs 10 minutes, while a sustained change is followed once its age exceeds the payback.
 """
@@ -39,6 +40,8 @@ class RegimeTracker:
     count: int = 0
     outside: tuple[tuple[datetime, float], ...] = ()  # consecutive observations outside the band
     lengths_s: tuple[float, ...] = ()  # regimes that ended, oldest first
+    directions: tuple[int, ...] = ()  # aligned with lengths_s: +1 rose from its predecessor, −1 fell, 0 first
+    direction: int = 0  # the current regime's
 
     def __post_init__(self) -> None:
         if self.abs_band < 0 or self.rel_band < 0 or self.confirm < 1 or self.min_history < 1:
@@ -69,26 +72,33 @@ def observe(tracker: RegimeTracker, now: datetime, value: float | None) -> Regim
     begun = outside[0][0]
     ended = max((begun - tracker.started).total_seconds(), 0.0)
     values = [v for _, v in outside]
+    level = sum(values) / len(values)
     return replace(
         tracker,
         started=begun,
-        level=sum(values) / len(values),
+        level=level,
         count=len(values),
         outside=(),
         lengths_s=(*tracker.lengths_s, ended)[-MAX_HISTORY:],
+        directions=(*tracker.directions, tracker.direction)[-MAX_HISTORY:],
+        direction=1 if level > tracker.level else -1,
     )
 
 
 def restart(tracker: RegimeTracker, now: datetime) -> RegimeTracker:
     """A new regime that the engine's own change began (another draft is another α): nothing ended, so
     no length is recorded; the history is kept."""
-    return replace(tracker, started=now, level=None, count=0, outside=())
+    return replace(tracker, started=now, level=None, count=0, outside=(), direction=0)
 
 
 def remaining_s(tracker: RegimeTracker, now: datetime) -> float:
     """Expected remaining length of the current regime (see the module doc), in seconds."""
     age = tracker.age_s(now)
-    longer = [length - age for length in tracker.lengths_s if length > age]
+    longer = [
+        length - age
+        for length, d in zip(tracker.lengths_s, tracker.directions, strict=True)
+        if length > age and d == tracker.direction
+    ]
     if len(tracker.lengths_s) >= tracker.min_history and longer:
         return float(statistics.median(longer))
     return age
