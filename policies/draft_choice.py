@@ -32,6 +32,7 @@ from policies.acceptance import AcceptanceEvidence, AlphaReason, evidence_from_c
 from policies.acceptance_model import ConstantAlphaModel
 from policies.choose_k import KChoiceSnapshot, KDecision, choose_k, evaluate_k
 from policies.counters import SpecCounters
+from policies.dispersion import DispersionSums
 from policies.memory import FREE_METHODS, DraftFootprint, MemoryBudget, weight_bytes
 from policies.spec_config import OFF, RESERVED_KEYS, KRow, SpecConfig, is_mtp_method
 from policies.speedup import check_alpha
@@ -253,6 +254,7 @@ def _statistic(windows: Sequence[SpecWindow], config: DraftTriggerConfig) -> tup
         upper = 1.0 if a == t else float(stats.beta.ppf(tail, a + 0.5, t - a + 0.5))
         return a / t, upper, ""
     total = AcceptanceEvidence()
+    spread = DispersionSums()
     for w in windows:
         result = evidence_from_counters(w.counters)
         if result.reason is AlphaReason.NO_DRAFTS:
@@ -260,11 +262,13 @@ def _statistic(windows: Sequence[SpecWindow], config: DraftTriggerConfig) -> tup
         if result.evidence is None:
             return None, None, f"window ending {w.end.isoformat()}: {result.message}"
         total = total + result.evidence
+        spread = spread.add(result.evidence.successes, result.evidence.trials)
     if total.trials == 0:
         return None, None, ""
-    s, f = total.successes, total.failures
+    # windows that vary more than independent tokens carry less information: counts divided by φ
+    s, f = total.successes / spread.phi, total.failures / spread.phi
     upper = 1.0 if f == 0 else float(stats.beta.ppf(tail, s + 0.5, f + 0.5))
-    return s / total.trials, upper, ""
+    return total.successes / total.trials, upper, ""
 
 
 @dataclass(frozen=True)
@@ -369,6 +373,44 @@ def _score(
     )
 
 
+def _rank(snapshot: DraftChoiceSnapshot) -> list[CandidateScore]:
+    """Every other candidate scored with its posterior α (prior + measured history on this target)."""
+    cfg = snapshot.config
+    ranking: list[CandidateScore] = []
+    for cand in snapshot.candidates:
+        if cand.name == snapshot.current:
+            continue
+        alpha, ci, source = _posterior(
+            cand.prior_alpha, cfg.prior_strength_trials, snapshot.history.get(cand.name), cfg.confidence
+        )
+        ranking.append(
+            _score(
+                snapshot, cand.name, cand.footprint(), cand.cost_ratio_for(snapshot.target_params), alpha, ci, source
+            )
+        )
+    return ranking
+
+
+def _confidently_better(
+    ranking: Sequence[CandidateScore], current: CandidateScore | None, trigger: TriggerCheck
+) -> CandidateScore | None:
+    """Beyond failure: the best candidate whose predicted speedup's lower end is above the running draft's
+    upper end, once the running draft's evidence is as complete as the floor asks (the trigger's duration
+    covered, ``min_drafts`` drafts; the gain rail then asks for ``min_gain`` on top, the switching-cost
+    rail for the payback); None: the running draft stays."""
+    judged = trigger.reason in (TriggerReason.ABOVE_THRESHOLD, TriggerReason.RECOVERED)
+    if current is None or current.k <= 0 or not judged:
+        return None
+    usable = [s for s in ranking if s.fits_memory and s.k > 0 and s.speedup_ci[0] > current.speedup_ci[1]]
+    return max(usable, key=lambda s: s.speedup_ci[0], default=None)
+
+
+def _current(score: CandidateScore | None) -> str:
+    if score is None:
+        return "the running draft (no estimate)"
+    return f"{score.speedup:.2f}× (interval {score.speedup_ci[0]:.2f}–{score.speedup_ci[1]:.2f}×) at K = {score.k}"
+
+
 def choose_draft(snapshot: DraftChoiceSnapshot) -> DraftDecision:
     """Keep, switch, fall back to ngram, or switch speculation off. Purely computational."""
     cfg = snapshot.config
@@ -377,12 +419,15 @@ def choose_draft(snapshot: DraftChoiceSnapshot) -> DraftDecision:
     current_score: CandidateScore | None = None
     current = by_name.get(snapshot.current) if snapshot.current else None
     pooled = AcceptanceEvidence()
+    spread = DispersionSums()
     for w in snapshot.windows:
         result = evidence_from_counters(w.counters)
         if result.evidence is not None:
             pooled = pooled + result.evidence
+            spread = spread.add(result.evidence.successes, result.evidence.trials)
     if current is not None and pooled.trials > 0:
-        _, ci, _ = _posterior(0.5, 0.0, pooled, cfg.confidence)
+        # the running draft's interval as wide as its windows' spread says (counts divided by φ)
+        _, ci, _ = _posterior(0.5, 0.0, pooled.scaled(1.0 / spread.phi), cfg.confidence)
         current_score = _score(
             snapshot,
             current.name,
@@ -392,7 +437,24 @@ def choose_draft(snapshot: DraftChoiceSnapshot) -> DraftDecision:
             ci,
             "measured",
         )
+    ranking = _rank(snapshot)
     if not trigger.triggered:
+        beats = _confidently_better(ranking, current_score, trigger)
+        if beats is not None:
+            chosen = by_name[beats.name]
+            return DraftDecision(
+                DraftReason.FALLBACK_NGRAM if chosen.free else DraftReason.SWITCH_DRAFT,
+                f"{chosen.name} ({chosen.method}) at K = {beats.k} is predicted to beat the running draft: "
+                f"{beats.speedup:.2f}× plain decoding (interval {beats.speedup_ci[0]:.2f}–{beats.speedup_ci[1]:.2f}×, "
+                f"α ≈ {beats.alpha:.2f} from {beats.source}) against {_current(current_score)}.",
+                chosen,
+                beats.k,
+                beats.speedup,
+                beats.speedup_ci,
+                trigger,
+                tuple(ranking),
+                current_score,
+            )
         keep_speedup = current_score.speedup if current_score else 1.0
         keep_ci = current_score.speedup_ci if current_score else (1.0, 1.0)
         return DraftDecision(
@@ -405,24 +467,6 @@ def choose_draft(snapshot: DraftChoiceSnapshot) -> DraftDecision:
             trigger,
             (),
             current_score,
-        )
-    ranking: list[CandidateScore] = []
-    for cand in snapshot.candidates:
-        if cand.name == snapshot.current:
-            continue
-        alpha, ci, source = _posterior(
-            cand.prior_alpha, cfg.prior_strength_trials, snapshot.history.get(cand.name), cfg.confidence
-        )
-        ranking.append(
-            _score(
-                snapshot,
-                cand.name,
-                cand.footprint(),
-                cand.cost_ratio_for(snapshot.target_params),
-                alpha,
-                ci,
-                source,
-            )
         )
     usable = [s for s in ranking if s.fits_memory and s.k > 0]
     # Measured history first among equals: sort by speedup, then by how much of α was measured.

@@ -24,6 +24,7 @@ from policies.acceptance import AcceptanceEvidence, AlphaEstimate, alpha_of_wind
 from policies.counters import SpecCounters
 from policies.draft_choice import DraftCandidate, SpecWindow
 from policies.positional import PositionData
+from policies.regime import RegimeTracker, observe, remaining_s, restart
 from policies.spec_config import SpecConfig
 from policies.step_cost import StepCostModel
 from tuner.controller.candidates import current_candidate, same_draft
@@ -77,6 +78,11 @@ class DecisionContext:
     history: Mapping[str, AcceptanceEvidence] = field(default_factory=dict)  # candidate name → measured α
     failed: tuple[SpecConfig, ...] = ()  # configs that failed to apply or regressed lately (not proposed again)
     failed_candidates: frozenset[str] = frozenset()  # candidates whose draft is among them
+    # over the last decide interval: α̂ of the running config, requests running + waiting (the demand)
+    recent_alpha: float | None = None
+    recent_demand: float | None = None
+    # expected remaining length of the current acceptance and load regimes, the shorter (policies.regime)
+    regime_remaining_s: float | None = None
 
     @property
     def goodput_tokens_per_s(self) -> float | None:
@@ -206,6 +212,9 @@ class ControllerMemory:
     load: LoadProfile = field(default_factory=LoadProfile)  # requests running over the load horizon
     # (read at, running draft, (T(B, K), note, source)): re-read every refit interval or on a swap
     step_cost: tuple[datetime, tuple[str, str | None], tuple[StepCostModel, str, str] | None] | None = None
+    # acceptance (of the running draft, named beside it) and load regimes, measured tick by tick
+    alpha_regime: tuple[tuple[str, str | None] | None, RegimeTracker] | None = None
+    load_regime: RegimeTracker | None = None
 
 
 def build_context(
@@ -223,9 +232,15 @@ def build_context(
     ``configured``: the swap candidates as configured now (the config file's and the registry's);
     ``failed``: the configs that failed or regressed within the retry horizon."""
     p = settings.policy.policy
-    ctx = measure(store, keys, stored, now, p.evidence_window_s, p.confidence)
+    ctx = measure(store, keys, stored, now, p.evidence_window_s, p.confidence, settings.controller.decide_interval_s)
     running, everyone = current_candidate(ctx.current, configured, p.cost_ratio)
+    ctx, memory = _with_regimes(ctx, settings, memory)
     load_profile = () if p.per_batch_size else memory.load.update(store, keys, now, p.load_horizon_s)
+    if memory.load_regime is not None and memory.load_regime.lengths_s:
+        # the load moved at least once: one K for the load since the current regime began
+        recent_s = max(memory.load_regime.age_s(now), p.load_regime_min_s)
+        if recent_s < p.load_horizon_s:
+            load_profile = memory.load.since(now - timedelta(seconds=recent_s))
     ctx = replace(ctx, load_profile=load_profile, running=running, failed=tuple(failed))
     ctx, memory = _with_step_cost(ctx, store, settings, running, memory)
     if settings.policy.swap is None or not configured:
@@ -246,6 +261,7 @@ def measure(
     now: datetime,
     evidence_window_s: float,
     confidence: float = 0.95,
+    recent_s: float = 60.0,
 ) -> DecisionContext:
     """The measured part of a context: the windows under ``stored`` over the last ``evidence_window_s``
     (what the simulator's baseline policies read too)."""
@@ -260,6 +276,13 @@ def measure(
         effective = effective_counters(w.spec) if w.spec is not None else None
         if effective is not None:
             positions = positions + PositionData.from_counters(effective)
+    recent = [w for w in wins if w.end > now - timedelta(seconds=recent_s)]
+    recent_alpha = alpha_of_windows([w.spec for w in recent if w.spec is not None], confidence).alpha
+    demand = [
+        w.requests_running + (w.requests_waiting or 0.0)
+        for w in recent
+        if w.requests_running is not None and math.isfinite(w.requests_running)
+    ]
     return DecisionContext(
         now=now,
         keys=tuple(keys),
@@ -279,7 +302,29 @@ def measure(
             for w in wins
             if w.duration_s > 0 and w.requests_running is not None and math.isfinite(w.requests_running)
         ),
+        recent_alpha=recent_alpha,
+        recent_demand=sum(demand) / len(demand) if demand else None,
     )
+
+
+def _with_regimes(
+    ctx: DecisionContext, settings: ControllerSettings, memory: ControllerMemory
+) -> tuple[DecisionContext, ControllerMemory]:
+    """The acceptance and load regimes after this tick's observation, and the shorter expected remaining
+    length of the two (what a change's switching cost is weighed over)."""
+    p = settings.policy.policy
+    draft = ctx.current.draft
+    if memory.alpha_regime is None:
+        alpha = RegimeTracker(p.alpha_regime_band)
+    else:
+        seen, alpha = memory.alpha_regime
+        if seen != draft:  # another draft is another α: a regime we began, not one the traffic ended
+            alpha = restart(alpha, ctx.now)
+    alpha = observe(alpha, ctx.now, ctx.recent_alpha)
+    load = observe(memory.load_regime or RegimeTracker(1.0, p.load_regime_band), ctx.now, ctx.recent_demand)
+    memory = replace(memory, alpha_regime=(draft, alpha), load_regime=load)
+    remaining = min(remaining_s(alpha, ctx.now), remaining_s(load, ctx.now))
+    return replace(ctx, regime_remaining_s=remaining), memory
 
 
 def _with_step_cost(

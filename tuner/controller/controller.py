@@ -203,9 +203,11 @@ class Controller:
             target=target_fp,
             predicted_gain=outcome.predicted_gain,
             predicted_gain_ci=outcome.predicted_gain_ci,
-            drafts=ctx.spec.drafts,
+            # the evidence rail counts drafts as independent trials only up to the windows' over-dispersion
+            drafts=int(ctx.spec.drafts / ctx.alpha.dispersion),
             evidence_s=ctx.duration_s / max(len(keys), 1),
             needs_restart=self.actuator.needs_restart_for(outcome.target.to_vllm()),
+            horizon_s=ctx.regime_remaining_s,
         )
         rails = self.settings.guardrails
         cost_s = self.switching_cost_s(outcome.target, now)

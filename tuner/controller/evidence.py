@@ -51,9 +51,7 @@ def summarize(windows: Sequence[WindowRecord]) -> tuple[SpecCounters, float, flo
 def window_batches(windows: Sequence[WindowRecord]) -> tuple[float | None, ...]:
     """Requests running per window, aligned with :func:`summarize`'s rates (None where not scraped)."""
     return tuple(
-        float(w.requests_running)
-        if w.requests_running is not None and math.isfinite(w.requests_running)
-        else None
+        float(w.requests_running) if w.requests_running is not None and math.isfinite(w.requests_running) else None
         for w in windows
         if w.duration_s > 0
     )
@@ -90,6 +88,10 @@ class LoadProfile:
         for k in [k for k in self._samples if k[1] < since]:
             del self._samples[k]
         return tuple(self._samples.values())
+
+    def since(self, start: datetime) -> tuple[tuple[float, float], ...]:
+        """The samples read so far of windows ending at or after ``start`` (the current load regime)."""
+        return tuple(v for (_, end), v in self._samples.items() if end >= start)
 
 
 def spec_windows(

@@ -289,7 +289,9 @@ def propose_swap(ctx: DecisionContext, settings: PolicySettings) -> PolicyOutcom
             return _swap_pending(ctx, settings, len(allowed) > 1, trigger.message)
         details["acceptance_low"] = trigger.message
         return PolicyOutcome(PolicyReason.KEEP, decision.message, acceptance_low=trigger.message, details=details)
-    details["acceptance_low"] = trigger.message
+    low = trigger.message if trigger.triggered else None  # a swap beyond failure: acceptance is not low
+    if low is not None:
+        details["acceptance_low"] = low
     ratio = running.cost_ratio_for(p.target_params)
     current = (
         running_speedup(
@@ -314,9 +316,7 @@ def propose_swap(ctx: DecisionContext, settings: PolicySettings) -> PolicyOutcom
     cur_speedup, cur_ci = current
     gain = new_speedup / cur_speedup
     gain_ci = (new_ci[0] / cur_ci[1], new_ci[1] / cur_ci[0])
-    return PolicyOutcome(
-        reason, decision.message, target, gain, gain_ci, acceptance_low=trigger.message, details=details
-    )
+    return PolicyOutcome(reason, decision.message, target, gain, gain_ci, acceptance_low=low, details=details)
 
 
 def _draft_details(decision: DraftDecision, swap: DraftTriggerConfig) -> dict[str, Any]:

@@ -3,8 +3,10 @@
 The model, per window of length Δ at time t (its midpoint):
 
 - batch B = min(concurrency(t), max_num_seqs, the sequences that fit memory with this config);
-- step time T(B, K) = a + b·B·(K+1) + K·c·(a + b·B) (``StepCostModel.from_cost_ratio`` with the draft's c),
-  times (1 + cv·z) with z a per-window standard normal;
+- step time T(B, K) = a + b·B·(K+1) + K·c·(a + b·B) (``StepCostModel.from_cost_ratio`` with the draft's c)
+  + r·L·B (the KV read of B sequences of L context tokens, ``kv_read_s_per_token``), times (1 + cv·z) with z a
+  per-window standard normal;
+- requests beyond the batch wait (``waiting`` = concurrency − B, what ``vllm:num_requests_waiting`` shows);
 - steps Δ / T; drafts D = round(steps · B) (vLLM counts one draft per sequence per step);
 - accepted length per draft n ∈ 0..K with P(n ≥ j) = Π_{i<j} c_i, c_i = α(t)·(1 − decay)^i, drawn as one
   multinomial over the D drafts; a_i = #drafts with n > i; A = Σ a_i; generated tokens G = D + A;
@@ -89,9 +91,7 @@ class SimEngine:
         phases = scenario.load.phases
         self._phase_ends = np.cumsum([p.duration_s for p in phases]) if phases else np.array([np.inf])
         self._phase_concurrency = np.array([p.concurrency for p in phases] or [0.0])
-        self._phase_scale = {
-            d.name: np.array([p.scale_for(d.name) for p in phases] or [1.0]) for d in scenario.drafts
-        }
+        self._phase_scale = {d.name: np.array([p.scale_for(d.name) for p in phases] or [1.0]) for d in scenario.drafts}
 
     # -- configs -------------------------------------------------------------------------------
     def to_spec(self, cfg: SimConfig) -> SpecConfig:
@@ -230,7 +230,15 @@ class SimEngine:
             model.fixed_s
             + model.per_token_s * b * (k + 1)
             + passes * (model.draft_fixed_s + model.draft_per_seq_s * b)
+            + self.kv_read_s_per_seq * b
         )
+
+    @property
+    def kv_read_s_per_seq(self) -> float:
+        """Attention's KV read per running sequence per target pass: long contexts at high concurrency
+        make a step memory-bound in the batch (0 unless the scenario sets ``kv_read_s_per_token``)."""
+        e = self.scenario.engine
+        return e.kv_read_s_per_token * e.memory.tokens_per_seq if e.memory is not None else 0.0
 
     def batch(self, cfg: SimConfig, t: ArrayLike) -> NDArray[np.float64]:
         return np.minimum(self.concurrency(t), float(self.max_batch(cfg)))
@@ -277,16 +285,36 @@ class SimEngine:
             n = int(drafts[i])
             if k == 0:  # a table row with K = 0: plain decoding steps, no drafts
                 spec = SpecCounters(0, 0, 0, (), None)
-                out.append(SimWindow(float(starts_s[i]), float(ends_s[i]), float(n), spec, float(b[i]),
-                                     float(waiting[i]), float(step_s[i]), 0))
+                out.append(
+                    SimWindow(
+                        float(starts_s[i]),
+                        float(ends_s[i]),
+                        float(n),
+                        spec,
+                        float(b[i]),
+                        float(waiting[i]),
+                        float(step_s[i]),
+                        0,
+                    )
+                )
                 continue
             # Counters at the window's K (as per-step records report it; /metrics alone would show K_max
             # positions and could not tell a short draft from a rejection).
             per_pos = tuple(int(x) for x in at_least[i, 1 : k + 1])
             accepted = sum(per_pos)
             spec = SpecCounters(n, n * k, accepted, per_pos, k, generated_tokens=n + accepted)
-            out.append(SimWindow(float(starts_s[i]), float(ends_s[i]), float(n + accepted), spec, float(b[i]),
-                                 float(waiting[i]), float(step_s[i]), k))
+            out.append(
+                SimWindow(
+                    float(starts_s[i]),
+                    float(ends_s[i]),
+                    float(n + accepted),
+                    spec,
+                    float(b[i]),
+                    float(waiting[i]),
+                    float(step_s[i]),
+                    k,
+                )
+            )
         return out
 
 

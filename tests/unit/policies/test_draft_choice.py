@@ -10,6 +10,7 @@ import pytest
 
 from bench.research.simulate import simulate_counters
 from policies.acceptance import AcceptanceEvidence
+from policies.counters import SpecCounters
 from policies.draft_choice import (
     DraftCandidate,
     DraftChoiceSnapshot,
@@ -74,9 +75,13 @@ def test_one_bad_window_does_not_trigger() -> None:
 
 def test_recovery_inside_the_duration_cancels() -> None:
     # pooled over ten minutes it is low, but the last slice recovered
-    check = check_trigger(windows([0.1] * 7 + [0.6] * 3), NOW, CONFIG)
+    check = check_trigger(windows([0.1] * 6 + [0.45] * 4), NOW, CONFIG)
     assert not check.triggered and check.reason is TriggerReason.RECOVERED
     assert "slice 3 of 3" in check.message
+    # a recovery far beyond sampling noise: the windows' spread already leaves the pooled α not clearly low
+    jump = check_trigger(windows([0.1] * 7 + [0.6] * 3), NOW, CONFIG)
+    assert not jump.triggered and jump.reason is TriggerReason.ABOVE_THRESHOLD
+    assert jump.value is not None and jump.value < 0.4 and jump.upper is not None and jump.upper > 0.4
 
 
 def test_upper_end_not_point_estimate_decides() -> None:
@@ -102,7 +107,8 @@ def test_raw_draft_acceptance_rate_option() -> None:
 
 
 def test_keep_when_not_triggered() -> None:
-    decision = choose_draft(snapshot(windows([0.7] * 10)))
+    # BIG (prior 0.9) would confidently beat α 0.7 and be proposed beyond failure; without it the draft stays
+    decision = choose_draft(snapshot(windows([0.7] * 10), candidates=(CURRENT, SMALL, TINY, NGRAM)))
     assert decision.reason is DraftReason.KEEP_NOT_TRIGGERED and decision.candidate is None
     assert decision.current is not None and decision.predicted_speedup > 1
 
@@ -161,3 +167,35 @@ def test_candidate_validation() -> None:
         DraftTriggerConfig(threshold=0)
     assert NGRAM.footprint().weights_bytes == 0 and NGRAM.cost_ratio_for(None) == 0.0
     assert DraftCandidate("y", "eagle", "/p", params=100).cost_ratio_for(1000) == 0.1
+
+
+def _windows(alpha: float, n: int = 10, drafts: int = 2000, k: int = 3) -> list[SpecWindow]:
+    rng = np.random.default_rng(7)
+    out = []
+    for i in range(n):
+        surv = np.concatenate([[1.0], np.cumprod(np.full(k, alpha))])
+        exact = rng.multinomial(drafts, surv - np.append(surv[1:], 0.0))
+        per_pos = tuple(int(x) for x in np.cumsum(exact[::-1])[::-1][1:])
+        end = NOW - timedelta(seconds=60 * (n - i - 1))
+        out.append(
+            SpecWindow(end - timedelta(seconds=60), end, SpecCounters(drafts, drafts * k, sum(per_pos), per_pos, k))
+        )
+    return out
+
+
+RUNNING_8B = DraftCandidate("running", "draft_model", "/m/8b", params=8_000_000_000, prior_alpha=0.75, cost_ratio=0.08)
+NGRAM_60 = DraftCandidate("ngram", "ngram", prior_alpha=0.6)
+
+
+def _choice(alpha: float) -> DraftReason:
+    snap = DraftChoiceSnapshot(
+        now=NOW, current="running", current_k=3, windows=_windows(alpha), candidates=(RUNNING_8B, NGRAM_60), history={},
+        batch_size=8, k_max=8, step_cost=StepCostModel.from_cost_ratio(0.08, 0.025, 0.0001),
+        config=DraftTriggerConfig(threshold=0.4, duration_s=600, min_drafts=2000, segments=3),
+    )  # fmt: skip
+    return choose_draft(snap).reason
+
+
+def test_a_candidate_that_confidently_beats_the_running_draft_is_proposed_above_the_floor() -> None:
+    assert _choice(0.45) is DraftReason.FALLBACK_NGRAM  # α 0.45 > 0.4: the floor alone would keep it
+    assert _choice(0.8) is DraftReason.KEEP_NOT_TRIGGERED  # the running draft is good: no swap

@@ -184,3 +184,39 @@ def test_every_bench_scenario_is_valid(path: Path) -> None:
     assert tomllib.loads(path.read_text())["name"] == scenario.name
     start = SimConfig(scenario.start.draft, scenario.start.k)
     assert engine.start_problem(start) is None
+
+
+def base() -> dict[str, Any]:
+    return tomllib.loads((SCENARIOS / "gpu_memory_bound.toml").read_text())
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (lambda d: d["load"].update(concurrency=4), "do not apply to kind = 'diurnal'"),
+        (lambda d: d.update(change_at_s=90000), "is not before duration_s"),
+        (lambda d: d["drafts"].append({"name": "ng", "method": "ngram", "alpha": 0.3, "weights_bytes": 1e9}),
+         "loads no model"),
+        (lambda d: d["engine"].update(failing_configs=[{"k": [9]}]), "above controller.k_max"),
+        (lambda d: d["controller"].update(daemon={"policy": {"evidence_windw_s": 10}}), "evidence_windw_s"),
+    ],
+)  # fmt: skip
+def test_keys_that_do_not_apply_are_refused(change: Any, expected: str) -> None:
+    data = base()
+    change(data)
+    with pytest.raises(ScenarioError) as err:
+        parse_scenario(data, "x.toml")
+    assert expected in err.value.one_line()
+    assert "\n" not in err.value.one_line()
+
+
+def test_memory_caps_the_batch_and_long_contexts_cost_kv_reads() -> None:
+    data = base()
+    engine = SimEngine(parse_scenario(data))
+    caps = {c.label: engine.max_batch(c) for c in (OFF, SimConfig("llama-8b", 3), SimConfig("llama-1b", 3))}
+    assert caps == {"off": 24, "llama-8b/K=3": 15, "llama-1b/K=3": 21}  # the calibration in the file
+    data["engine"]["kv_read_s_per_token"] = 0.0
+    no_read = SimEngine(parse_scenario(data))
+    b = np.array([20.0])
+    extra = engine.step_time_s(OFF, b) - no_read.step_time_s(OFF, b)
+    assert extra[0] == pytest.approx(5.5e-8 * 8192 * 20)
