@@ -205,14 +205,6 @@ class PolicySection(_Section):
         description="one K is chosen for the load (requests running) of this long, weighted by time; "
         "a burst shorter than this does not make the controller restart the engine twice",
     )
-    load_regime_min_s: float = Field(
-        default=300.0,
-        gt=0,
-        description="once the load has moved to a new regime (requests running + waiting outside "
-        "load_regime_band of its level), one K is chosen for the load since it began, at least this long, "
-        "instead of the whole load_horizon_s: a sustained change is followed within minutes, and the "
-        "switching-cost rail keeps a short burst from restarting the engine",
-    )
     load_regime_band: float = Field(
         default=0.25, gt=0, lt=1, description="relative change of the load that starts a new load regime"
     )

@@ -236,11 +236,6 @@ def build_context(
     running, everyone = current_candidate(ctx.current, configured, p.cost_ratio)
     ctx, memory = _with_regimes(ctx, settings, memory)
     load_profile = () if p.per_batch_size else memory.load.update(store, keys, now, p.load_horizon_s)
-    if memory.load_regime is not None and memory.load_regime.lengths_s:
-        # the load moved at least once: one K for the load since the current regime began
-        recent_s = max(memory.load_regime.age_s(now), p.load_regime_min_s)
-        if recent_s < p.load_horizon_s:
-            load_profile = memory.load.since(now - timedelta(seconds=recent_s))
     ctx = replace(ctx, load_profile=load_profile, running=running, failed=tuple(failed))
     ctx, memory = _with_step_cost(ctx, store, settings, running, memory)
     if settings.policy.swap is None or not configured:

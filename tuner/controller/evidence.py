@@ -89,10 +89,6 @@ class LoadProfile:
             del self._samples[k]
         return tuple(self._samples.values())
 
-    def since(self, start: datetime) -> tuple[tuple[float, float], ...]:
-        """The samples read so far of windows ending at or after ``start`` (the current load regime)."""
-        return tuple(v for (_, end), v in self._samples.items() if end >= start)
-
 
 def spec_windows(
     store: Store, keys: Sequence[EngineKey], config: StoredConfig, now: datetime, duration_s: float
