@@ -33,7 +33,7 @@ from policies.acceptance_model import ConstantAlphaModel
 from policies.choose_k import KChoiceSnapshot, KDecision, choose_k, evaluate_k
 from policies.counters import SpecCounters
 from policies.dispersion import DispersionSums
-from policies.memory import FREE_METHODS, DraftFootprint, MemoryBudget, weight_bytes
+from policies.memory import FREE_METHODS, DraftFootprint, KvCapacity, MemoryBudget, weight_bytes
 from policies.spec_config import OFF, RESERVED_KEYS, KRow, SpecConfig, is_mtp_method
 from policies.speedup import check_alpha
 from policies.step_cost import StepCostModel
@@ -149,6 +149,11 @@ class DraftChoiceSnapshot:
     target_params: int | None = None
     memory: MemoryBudget | None = None
     config: DraftTriggerConfig = field(default_factory=DraftTriggerConfig)
+    # When KV memory caps the batch: requests running + waiting, and the engine's measured KV pool. Each
+    # candidate is then scored at the batch it could run (the demand up to its memory cap) and its speedup
+    # is over plain decoding at the batch plain decoding could run (capped_batch).
+    demand: float | None = None
+    kv: KvCapacity | None = None
 
 
 class TriggerReason(StrEnum):
@@ -319,6 +324,28 @@ def _posterior(
     return a / (a + b), (float(stats.beta.ppf(tail, a, b)), float(stats.beta.ppf(1 - tail, a, b))), source
 
 
+def capped_batch(
+    kv: KvCapacity | None,
+    demand: float | None,
+    draft: DraftFootprint | None,
+    k: int,
+    target: StepCostModel,
+    batch_size: int,
+) -> tuple[int, float]:
+    """(batch, scale) of ``draft`` at K when KV memory caps the batch: the demand (requests running +
+    waiting) up to the sequences this config fits, and the throughput of plain decoding at that batch
+    over plain decoding at the batch plain decoding could run (B/T(B, 0) against B₀/T(B₀, 0)); a speedup
+    at the capped batch times the scale is a speedup over plain decoding as it would run. Without a
+    measured capacity or demand: (``batch_size``, 1)."""
+    if kv is None or demand is None or demand <= 0:
+        return batch_size, 1.0
+    want = max(1, round(demand))
+    plain = max(1, min(want, kv.max_batch(None, 0)))
+    batch = max(1, min(want, kv.max_batch(draft, k)))
+    scale = (batch / target.plain_step_time_s(batch)) / (plain / target.plain_step_time_s(plain))
+    return batch, scale
+
+
 def _score(
     snapshot: DraftChoiceSnapshot,
     name: str,
@@ -347,19 +374,31 @@ def _score(
         draft_fixed_s=cost_ratio * target.fixed_s,
         draft_per_seq_s=cost_ratio * target.per_token_s,
     )
-    decision: KDecision = choose_k(
-        KChoiceSnapshot(
-            now=snapshot.now,
-            acceptance=ConstantAlphaModel(alpha, min(alpha_ci[0], alpha), max(alpha_ci[1], alpha)),
-            step_cost=model,
-            batch_size=snapshot.batch_size,
-            k_max=snapshot.k_max,
-            draft=footprint if snapshot.memory is not None else None,
-            memory=snapshot.memory,
-            confidence=snapshot.config.confidence,
+
+    def best_k(batch: int) -> KDecision:
+        return choose_k(
+            KChoiceSnapshot(
+                now=snapshot.now,
+                acceptance=ConstantAlphaModel(alpha, min(alpha_ci[0], alpha), max(alpha_ci[1], alpha)),
+                step_cost=model,
+                batch_size=batch,
+                k_max=snapshot.k_max,
+                draft=footprint if snapshot.memory is not None else None,
+                memory=snapshot.memory,
+                confidence=snapshot.config.confidence,
+            )
         )
-    )
+
+    # the batch depends on K only through its lookahead slots: cap at K = 1, choose K there, cap again
+    batch, _ = capped_batch(snapshot.kv, snapshot.demand, footprint, 1, target, snapshot.batch_size)
+    decision = best_k(batch)
+    k = max(decision.k, 1)
+    batch, scale = capped_batch(snapshot.kv, snapshot.demand, footprint, k, target, snapshot.batch_size)
+    if scale != 1.0:
+        decision = best_k(batch)
     fits = any(o.fits_memory for o in decision.by_k if o.k > 0)
+    lo, hi = decision.speedup_ci
+    capped = f" at batch {batch} (memory cap; {scale:.2f}× plain decoding's throughput)" if scale != 1.0 else ""
     return CandidateScore(
         name,
         source,
@@ -367,9 +406,9 @@ def _score(
         alpha_ci,
         fits,
         decision.k,
-        decision.speedup,
-        decision.speedup_ci,
-        f"{name}: α ≈ {alpha:.2f} ({source}); {decision.message}",
+        decision.speedup * scale,
+        (lo * scale, hi * scale),
+        f"{name}: α ≈ {alpha:.2f} ({source}){capped}; {decision.message}",
     )
 
 
@@ -541,10 +580,12 @@ def running_speedup(
     current_k: int,
     batch_size: int,
     confidence: float = 0.95,
+    scale: float = 1.0,
 ) -> tuple[float, tuple[float, float]] | None:
     """The running config's speedup over plain decoding at the K it runs now, from its ranking entry: a
     swap's gain is measured against what is in force, not against the running draft at its best K. The
-    draft's cost is ``cost_ratio`` × the target's (``target``'s draft terms are not the running draft's)."""
+    draft's cost is ``cost_ratio`` × the target's (``target``'s draft terms are not the running draft's);
+    ``scale``: :func:`capped_batch`'s, when memory caps the batch."""
     model = StepCostModel(
         fixed_s=target.fixed_s,
         per_token_s=target.per_token_s,
@@ -563,4 +604,5 @@ def running_speedup(
         ),
         current_k,
     )
-    return (option.speedup, option.speedup_ci) if option.speedup > 0 else None
+    lo, hi = option.speedup_ci
+    return (option.speedup * scale, (lo * scale, hi * scale)) if option.speedup > 0 else None

@@ -14,6 +14,11 @@ a rise with past rises) that lasted longer than a (what the engine's own history
 that age); with fewer than ``min_history`` recorded, or none that long, it is a itself (a
 regime that has lasted a is about as likely to last another a: Lindy). So a 3-minute dip never repays a
 change that needs 10 minutes, while a sustained change is followed once its age exceeds the payback.
+
+A regime whose beginning was not observed — the first one (the traffic was there before the controller
+looked), or one the engine's own change began (:func:`restart`) — has no age to go by: its remaining
+length is unknown (infinite here; the caller's fixed horizon applies). Taking the time since the
+controller started as its age would block every change for the first payback time after a start.
 """
 
 from __future__ import annotations
@@ -92,7 +97,10 @@ def restart(tracker: RegimeTracker, now: datetime) -> RegimeTracker:
 
 
 def remaining_s(tracker: RegimeTracker, now: datetime) -> float:
-    """Expected remaining length of the current regime (see the module doc), in seconds."""
+    """Expected remaining length of the current regime (see the module doc), in seconds; ``math.inf``
+    when its beginning was not observed."""
+    if tracker.direction == 0:
+        return math.inf
     age = tracker.age_s(now)
     longer = [
         length - age

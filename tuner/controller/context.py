@@ -23,6 +23,7 @@ from collectors.records import EngineKey
 from policies.acceptance import AcceptanceEvidence, AlphaEstimate, alpha_of_windows, effective_counters
 from policies.counters import SpecCounters
 from policies.draft_choice import DraftCandidate, SpecWindow
+from policies.memory import KvCapacity
 from policies.positional import PositionData
 from policies.regime import RegimeTracker, observe, remaining_s, restart
 from policies.spec_config import SpecConfig
@@ -37,7 +38,7 @@ from tuner.controller.evidence import (
     window_batches,
     windows_under,
 )
-from tuner.controller.settings import ControllerSettings
+from tuner.controller.settings import ControllerSettings, PolicySettings
 from tuner.controller.step_cost import config_specs, step_cost_from_steps
 from tuner.store import Store, StoredConfig
 
@@ -64,7 +65,7 @@ class DecisionContext:
     mean_batch_size: float | None = None
     # (duration s, requests running) per window: the load profile a per-batch-size table is judged on
     batch_profile: tuple[tuple[float, float], ...] = ()
-    # (duration s, requests running) over the controller's load horizon under any config: the load one K
+    # (duration s, requests running + waiting) over the load horizon under any config: the demand one K
     # must serve (empty: judge K at the mean batch of the evidence window)
     load_profile: tuple[tuple[float, float], ...] = ()
     # T(B, K) from the plugin's per-step records (tuner.controller.step_cost); None: not enough steps
@@ -83,6 +84,13 @@ class DecisionContext:
     recent_demand: float | None = None
     # expected remaining length of the current acceptance and load regimes, the shorter (policies.regime)
     regime_remaining_s: float | None = None
+    # the evidence window's requests running + waiting (time-weighted) and mean KV usage (0..1): when KV
+    # memory caps the batch, requests wait and each config could run a different batch (kv_capacity)
+    mean_demand: float | None = None
+    kv_usage: float | None = None
+    # the engine's KV pool (cache_config_info × KV bytes per token) and the context a sequence holds;
+    # None: not scraped or the target's KV bytes per token not configured
+    kv_capacity: KvCapacity | None = None
 
     @property
     def goodput_tokens_per_s(self) -> float | None:
@@ -237,6 +245,7 @@ def build_context(
     ctx, memory = _with_regimes(ctx, settings, memory)
     load_profile = () if p.per_batch_size else memory.load.update(store, keys, now, p.load_horizon_s)
     ctx = replace(ctx, load_profile=load_profile, running=running, failed=tuple(failed))
+    ctx = replace(ctx, kv_capacity=kv_capacity(ctx, cache_config(store, keys), settings.policy))
     ctx, memory = _with_step_cost(ctx, store, settings, running, memory)
     if settings.policy.swap is None or not configured:
         return ctx, memory
@@ -278,6 +287,11 @@ def measure(
         for w in recent
         if w.requests_running is not None and math.isfinite(w.requests_running)
     ]
+    load = [w for w in wins if w.duration_s > 0 and _finite(w.requests_running)]
+    load_s = sum(w.duration_s for w in load)
+    demand_s = sum(w.duration_s * ((w.requests_running or 0.0) + (w.requests_waiting or 0.0)) for w in load)
+    usage = [w for w in load if _finite(w.kv_cache_usage)]
+    usage_s = sum(w.duration_s for w in usage)
     return DecisionContext(
         now=now,
         keys=tuple(keys),
@@ -299,7 +313,41 @@ def measure(
         ),
         recent_alpha=recent_alpha,
         recent_demand=sum(demand) / len(demand) if demand else None,
+        mean_demand=demand_s / load_s if load_s > 0 else None,
+        kv_usage=sum(w.duration_s * (w.kv_cache_usage or 0.0) for w in usage) / usage_s if usage_s > 0 else None,
     )
+
+
+def _finite(x: float | None) -> bool:
+    return x is not None and math.isfinite(x)
+
+
+def cache_config(store: Store, keys: Sequence[EngineKey]) -> Mapping[str, Any] | None:
+    """The first of ``keys``' stored ``vllm:cache_config_info`` labels (data-parallel ranks share one)."""
+    wanted = set(keys)
+    for engine in store.engines():
+        if engine.key in wanted and engine.cache_config:
+            return engine.cache_config
+    return None
+
+
+def kv_capacity(ctx: DecisionContext, cache: Mapping[str, Any] | None, settings: PolicySettings) -> KvCapacity | None:
+    """The engine's KV pool from its cache_config_info (num_gpu_blocks × block_size tokens) and the target's
+    KV bytes per token (``[memory]``); the context per sequence from KV usage × pool / requests running,
+    less the running config's K lookahead slots (else ``[memory] tokens_per_seq``). None when any is missing."""
+    p = settings
+    try:
+        tokens = float((cache or {})["num_gpu_blocks"]) * float((cache or {})["block_size"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    k = (ctx.current.k or 0) if ctx.current.speculates else 0
+    per_seq: float = float(p.tokens_per_seq)
+    if ctx.kv_usage is not None and ctx.mean_batch_size and ctx.mean_batch_size > 0 and ctx.kv_usage > 0:
+        per_seq = ctx.kv_usage * tokens / ctx.mean_batch_size - k
+    if not (math.isfinite(tokens) and tokens > 0 and p.target_kv_bytes_per_token > 0 and per_seq > 0):
+        return None
+    running = ctx.running.footprint() if ctx.running is not None else None
+    return KvCapacity(tokens, p.target_kv_bytes_per_token, per_seq, running, k)
 
 
 def _with_regimes(
@@ -319,7 +367,7 @@ def _with_regimes(
     load = observe(memory.load_regime or RegimeTracker(1.0, p.load_regime_band), ctx.now, ctx.recent_demand)
     memory = replace(memory, alpha_regime=(draft, alpha), load_regime=load)
     remaining = min(remaining_s(alpha, ctx.now), remaining_s(load, ctx.now))
-    return replace(ctx, regime_remaining_s=remaining), memory
+    return replace(ctx, regime_remaining_s=remaining if math.isfinite(remaining) else None), memory
 
 
 def _with_step_cost(

@@ -63,7 +63,8 @@ class Controller:
         self.actuator = actuator
         self.settings = settings
         self.clock = clock
-        self.policy: Policy = policy or (lambda ctx: propose(ctx, settings.policy))
+        # the settings in force at each decision (the simulator re-pins [policy.step_cost] after a swap)
+        self.policy: Policy = policy or (lambda ctx: propose(ctx, self.settings.policy))
         # Swap candidates are read on every tick: the operator's registry may change at run time.
         self.candidates: Candidates = candidates or (lambda: ())
         self.memory = ControllerMemory()

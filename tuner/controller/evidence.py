@@ -58,9 +58,10 @@ def window_batches(windows: Sequence[WindowRecord]) -> tuple[float | None, ...]:
 
 
 class LoadProfile:
-    """(duration s, requests running) of the engine's windows over the last ``horizon_s``, under any
-    config: the load one K must serve. Kept between ticks and topped up with the windows that arrived
-    since (re-reading a minute of overlap, so a window stored late is not missed)."""
+    """(duration s, requests running + waiting) of the engine's windows over the last ``horizon_s``, under
+    any config: the load one K must serve (the demand; a config's memory cap decides how much of it runs).
+    Kept between ticks and topped up with the windows that arrived since (re-reading a minute of overlap,
+    so a window stored late is not missed)."""
 
     _OVERLAP = timedelta(seconds=60)
 

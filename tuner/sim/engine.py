@@ -7,6 +7,9 @@ The model, per window of length Δ at time t (its midpoint):
   + r·L·B (the KV read of B sequences of L context tokens, ``kv_read_s_per_token``), times (1 + cv·z) with z a
   per-window standard normal;
 - requests beyond the batch wait (``waiting`` = concurrency − B, what ``vllm:num_requests_waiting`` shows);
+- with ``[engine.memory]``: the KV pool holds (pool − draft weights) / (target + draft KV bytes per token)
+  tokens (``vllm:cache_config_info`` num_gpu_blocks × block_size, as vLLM sizes it after loading the
+  draft; refreshed on every restart), and ``vllm:kv_cache_usage_perc`` = B·(tokens_per_seq + K) / that;
 - steps Δ / T; drafts D = round(steps · B) (vLLM counts one draft per sequence per step);
 - accepted length per draft n ∈ 0..K with P(n ≥ j) = Π_{i<j} c_i, c_i = α(t)·(1 − decay)^i, drawn as one
   multinomial over the D drafts; a_i = #drafts with n > i; A = Σ a_i; generated tokens G = D + A;
@@ -207,6 +210,25 @@ class SimEngine:
             slots += cfg.k
         return max(0, min(e.max_num_seqs, int(pool // (per_token * slots)) if pool > 0 else 0))
 
+    def kv_tokens(self, cfg: SimConfig) -> float | None:
+        """Tokens the KV pool holds with ``cfg`` loaded (None: the scenario models no memory)."""
+        m = self.scenario.engine.memory
+        if m is None:
+            return None
+        pool, per_token = m.kv_pool_bytes, m.target_kv_bytes_per_token
+        if not cfg.off:
+            d = self.drafts[str(cfg.draft)]
+            pool -= d.weights_bytes
+            per_token += d.kv_bytes_per_token
+        return max(pool, 0.0) / per_token
+
+    def cache_config(self, cfg: SimConfig) -> dict[str, str] | None:
+        """``vllm:cache_config_info`` labels the engine shows with ``cfg`` loaded (None: no memory model)."""
+        tokens = self.kv_tokens(cfg)
+        if tokens is None:
+            return None
+        return {"block_size": str(KV_BLOCK_SIZE), "num_gpu_blocks": str(int(tokens // KV_BLOCK_SIZE))}
+
     def start_problem(self, cfg: SimConfig) -> str | None:
         """Why ``cfg`` would not start, or None."""
         if cfg.off:
@@ -264,6 +286,13 @@ class SimEngine:
         conc = self.concurrency(t)
         b = self.batch(cfg, t)
         waiting = np.maximum(conc - b, 0.0)
+        kv_tokens, mem = self.kv_tokens(cfg), self.scenario.engine.memory
+        slots = 0 if cfg.off else cfg.k
+        usage = (
+            np.minimum(b * (mem.tokens_per_seq + slots) / kv_tokens, 1.0)
+            if kv_tokens and mem is not None
+            else np.full(len(t), np.nan)
+        )
         cv = self.scenario.engine.step_time_cv
         noise = np.maximum(1.0 + cv * self._step_noise[self._slot(t)], 0.2)
         step_s = self.step_time_s(cfg, np.maximum(b, 1e-9)) * noise
@@ -271,8 +300,8 @@ class SimEngine:
         drafts = np.rint(steps * b).astype(np.int64)
         if cfg.off:
             return [
-                SimWindow(float(s0), float(s1), float(n), None, float(bb), float(w), float(st), 0)
-                for s0, s1, n, bb, w, st in zip(starts_s, ends_s, drafts, b, waiting, step_s, strict=True)
+                SimWindow(float(s0), float(s1), float(n), None, float(bb), float(w), float(st), 0, _usage(u))
+                for s0, s1, n, bb, w, st, u in zip(starts_s, ends_s, drafts, b, waiting, step_s, usage, strict=True)
             ]
         ks = cfg.k_at(b)
         survive = self.survival(cfg, self.alpha(str(cfg.draft), t, jitter=True), ks)
@@ -295,6 +324,7 @@ class SimEngine:
                         float(waiting[i]),
                         float(step_s[i]),
                         0,
+                        _usage(usage[i]),
                     )
                 )
                 continue
@@ -313,6 +343,7 @@ class SimEngine:
                     float(waiting[i]),
                     float(step_s[i]),
                     k,
+                    _usage(usage[i]),
                 )
             )
         return out
@@ -328,6 +359,14 @@ class SimWindow:
     waiting: float
     step_s: float  # the window's step time T(B, K) × noise (what the plugin's per-step records measure)
     k: int  # tokens drafted per sequence per step
+    kv_usage: float | None = None  # vllm:kv_cache_usage_perc (0..1); None without a memory model
+
+
+KV_BLOCK_SIZE = 16  # vLLM's default block size on GPUs (tokens per KV block)
+
+
+def _usage(x: float) -> float | None:
+    return None if math.isnan(x) else float(x)
 
 
 def _draft_cost(d: DraftSection, target_step_s: float, per_token_s: float) -> StepCostModel:

@@ -26,7 +26,7 @@ import tempfile
 import time
 import zlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -39,8 +39,9 @@ from policies.acceptance import evidence_from_counters
 from policies.change import ChangeDetectorConfig, ChangeDetectorState, update_change_detector
 from policies.counters import SpecCounters
 from policies.spec_config import SpecConfig
+from policies.step_cost import StepCostModel
 from tuner.actuators.base import ApplyStatus
-from tuner.config import ConfigError, SpectunerConfig, parse_config
+from tuner.config import ConfigError, SpectunerConfig, StepCostSection, parse_config
 from tuner.controller.audit import TickResult
 from tuner.controller.context import DecisionContext, measure
 from tuner.controller.controller import Controller, Policy
@@ -166,6 +167,19 @@ class ControllerDriver(_Driver):
     def flush(self, records: Sequence[WindowRecord], steps: Sequence[StepRecord] = ()) -> None:
         self.sink.write_windows_and_steps(records, steps)
 
+    def pin_step_cost(self, model: StepCostModel) -> None:
+        """``[policy.step_cost]`` = ``model`` from the next tick: spectuner_stepcost's true T(B, K) is the
+        draft in force's, so after a swap it is re-read for the new draft (as an operator would re-pin it)."""
+        s = self.controller.settings
+        section = StepCostSection(
+            fixed_s=model.fixed_s,
+            per_token_s=model.per_token_s,
+            draft_fixed_s=model.draft_fixed_s,
+            draft_per_seq_s=model.draft_per_seq_s,
+        )
+        policy = replace(s.policy, policy=s.policy.policy.model_copy(update={"step_cost": section}))
+        self.controller.settings = replace(s, policy=policy)
+
     def tick(self, now: datetime) -> None:
         # As the daemon's decide job: verify, then decide at the same ``now``. When verify rolled a change
         # back, the restart moved the clock past ``now`` and the rolled-back config starts after it; the
@@ -280,6 +294,7 @@ def _record(w: Any, key: EngineKey) -> WindowRecord:
         generation_tokens=w.generation_tokens,
         requests_running=w.batch,
         requests_waiting=w.waiting,
+        kv_cache_usage=w.kv_usage,
     )
 
 
@@ -308,6 +323,9 @@ def simulate(
         if stores is None:
             raise ValueError("adaptive policies need a StoreFactory")
         store = stores.new()
+        cache = engine.cache_config(start)
+        if cache is not None:
+            store.upsert_engine(KEY, seen_at=clock.now, cache_config=cache)
         if policy in CONTROLLER:
             config = daemon_config(scenario, engine, step_cost=policy == "spectuner_stepcost")
             driver = ControllerDriver(store, actuator, config, clock, run, change_at)
@@ -351,6 +369,12 @@ def simulate(
             if after_s > t:  # the engine was down for a restart: nothing was generated meanwhile
                 t = min(after_s, s.duration_s)
             if actuator.config != before:
+                if policy == "spectuner_stepcost" and isinstance(driver, ControllerDriver):
+                    driver.pin_step_cost(engine.cost[actuator.config.draft or start.draft or s.drafts[0].name])
+                # a restart sizes a new KV pool: the engine's cache_config_info changes with the config
+                cache = engine.cache_config(actuator.config)
+                if store is not None and cache is not None:
+                    store.upsert_engine(KEY, seen_at=clock.now, cache_config=cache)
                 run.timeline.append((round(t, 3), actuator.config.label))
                 run.configs.append((round(t, 3), actuator.config))
             while next_tick <= t + 1e-9:
@@ -399,6 +423,10 @@ def daemon_config(scenario: Scenario, engine: SimEngine, *, step_cost: bool = Fa
             _candidate(engine, d.name) for d in scenario.drafts if c.candidates is None or d.name in c.candidates
         ],
     }
+    if e.memory is not None:
+        # the target's KV bytes per token, as an operator reads it from the model's config.json: with the
+        # engine's cache_config_info, the KV pool that caps each config's batch
+        data["memory"] = {"target_kv_bytes_per_token": int(e.memory.target_kv_bytes_per_token)}
     if step_cost:
         m = engine.cost[start.draft or scenario.drafts[0].name]
         data["policy"]["step_cost"] = {

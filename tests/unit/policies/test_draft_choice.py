@@ -14,15 +14,17 @@ from policies.counters import SpecCounters
 from policies.draft_choice import (
     DraftCandidate,
     DraftChoiceSnapshot,
+    DraftDecision,
     DraftReason,
     DraftTriggerConfig,
     SpecWindow,
     TriggerReason,
     TriggerStatistic,
+    capped_batch,
     check_trigger,
     choose_draft,
 )
-from policies.memory import MemoryBudget
+from policies.memory import KvCapacity, MemoryBudget
 from policies.step_cost import StepCostModel
 
 NOW = datetime(2026, 1, 1, 12, tzinfo=UTC)
@@ -199,3 +201,38 @@ def _choice(alpha: float) -> DraftReason:
 def test_a_candidate_that_confidently_beats_the_running_draft_is_proposed_above_the_floor() -> None:
     assert _choice(0.45) is DraftReason.FALLBACK_NGRAM  # α 0.45 > 0.4: the floor alone would keep it
     assert _choice(0.8) is DraftReason.KEEP_NOT_TRIGGERED  # the running draft is good: no swap
+
+
+# gpu_memory_bound: 70B FP8 with 8k contexts; the 8B draft leaves room for 15 sequences, the 1B for 21
+BIG_8B = DraftCandidate("8b", "draft_model", "/m/8b", params=8_000_000_000, dtype="fp8", kv_bytes_per_token=131072,
+                        prior_alpha=0.75, cost_ratio=0.08)  # fmt: skip
+SMALL_1B = DraftCandidate("1b", "draft_model", "/m/1b", params=2_500_000_000, dtype="fp8", kv_bytes_per_token=32768,
+                          prior_alpha=0.6, cost_ratio=0.03)  # fmt: skip
+KV_UNDER_8B = KvCapacity((65e9 - 8e9) / (327680 + 131072), 327680, 8192, BIG_8B.footprint(), 3)
+TARGET_70B = StepCostModel.from_cost_ratio(0.08, 0.02, 0.0001)
+
+
+def _memory_choice(demand: float) -> DraftDecision:
+    snap = DraftChoiceSnapshot(
+        now=NOW, current="8b", current_k=3, windows=_windows(0.75), candidates=(BIG_8B, SMALL_1B),
+        history={"1b": AcceptanceEvidence(60_000.0, 40_000.0, 40_000.0)},  # measured on this traffic
+        batch_size=min(round(demand), 15), k_max=6, step_cost=TARGET_70B, config=CONFIG, demand=demand,
+        kv=KV_UNDER_8B,
+    )  # fmt: skip
+    return choose_draft(snap)
+
+
+def test_candidates_are_ranked_at_the_batch_their_memory_lets_them_run() -> None:
+    assert capped_batch(KV_UNDER_8B, 32.0, SMALL_1B.footprint(), 3, TARGET_70B, 15)[0] == 21
+    batch, scale = capped_batch(KV_UNDER_8B, 32.0, BIG_8B.footprint(), 3, TARGET_70B, 15)
+    assert batch == 15
+    assert scale == pytest.approx((15 / TARGET_70B.plain_step_time_s(15)) / (24 / TARGET_70B.plain_step_time_s(24)))
+    assert capped_batch(None, 32.0, BIG_8B.footprint(), 3, TARGET_70B, 15) == (15, 1.0)  # no pool known
+    # at the peak 17 requests wait behind the 8B: the 1B, with room for 21, is confidently faster
+    peak = _memory_choice(32.0)
+    assert peak.reason is DraftReason.SWITCH_DRAFT and peak.candidate is SMALL_1B
+    assert peak.current is not None and "batch 15 (memory cap" in peak.current.message
+    one_b = next(s for s in peak.ranking if s.name == "1b")
+    assert "batch 21 (memory cap" in one_b.message and one_b.speedup_ci[0] > peak.current.speedup_ci[1]
+    # at the trough nothing waits: every draft runs all 8 sequences and the 8B's α wins
+    assert _memory_choice(8.0).reason is DraftReason.KEEP_NOT_TRIGGERED

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -32,7 +33,11 @@ def test_remaining_length_is_the_median_of_longer_past_regimes_else_the_age() ->
     assert remaining_s(t, now) == pytest.approx(60.0)  # past falls (the dips) lasted 3 minutes
     later = now + timedelta(seconds=180)  # a fall older than any past dip: no longer a dip, Lindy
     assert remaining_s(t, later) == pytest.approx(300.0)
+    young = _track([0.7] * 10 + [0.4] * 3)  # a fall 3 minutes old, nothing recorded like it: Lindy
+    assert remaining_s(young, T0 + timedelta(seconds=60 * 13)) == pytest.approx(180.0)
+    # a regime whose beginning was not seen (the first; one our own change began) has no age to go by
     fresh = _track([0.7] * 10)
-    assert remaining_s(fresh, T0 + timedelta(seconds=540)) == pytest.approx(540.0)  # no history: Lindy
+    assert remaining_s(fresh, T0 + timedelta(seconds=540)) == math.inf
     again = restart(t, now)
     assert again.lengths_s == t.lengths_s and again.level is None
+    assert remaining_s(observe(again, now, 0.7), now + timedelta(seconds=60)) == math.inf
