@@ -16,6 +16,7 @@ from tuner.cli.main import app
 from tuner.sim.engine import SimEngine
 from tuner.sim.run import StoreFactory, run_scenario, simulate, start_config
 from tuner.sim.scenario import Scenario, parse_scenario
+from tuner.store import Store
 
 SCENARIOS = Path(__file__).resolve().parents[4] / "bench" / "scenarios"
 
@@ -80,9 +81,17 @@ def test_degrading_draft_is_detected_within_two_minutes_at_10_requests_per_s() -
     assert 9.0 <= before <= 11.0  # requests/s before the draft goes bad
     with StoreFactory() as stores:
         run = simulate(scenario, engine, "spectuner", start, stores=stores)
+        # the restart sized a new KV pool: the engine's cache_config_info is the new draft's, not the start's
+        store = Store(f"sqlite:///{stores.dir / 'run-1.db'}")
+        try:
+            (stored,) = store.engines()
+        finally:
+            store.close()
     assert run.detection_s is not None and run.detection_s <= 120.0, run.detection_s
     assert run.change_detector_s is not None and run.change_detector_s <= 120.0
     assert run.changes >= 1 and run.timeline[-1][1].startswith("llama-1b/")  # and swapped to the draft that still works
+    final = run.configs[-1][1]
+    assert stored.cache_config == engine.cache_config(final) != engine.cache_config(start)
 
 
 def test_failing_candidate_is_rolled_back_and_not_retried() -> None:
