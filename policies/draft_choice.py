@@ -154,6 +154,9 @@ class DraftChoiceSnapshot:
     # is over plain decoding at the batch plain decoding could run (capped_batch).
     demand: float | None = None
     kv: KvCapacity | None = None
+    # candidates not proposed beyond failure (the floor swapped them out and acceptance has not moved since);
+    # the floor's own ranking still sees them
+    not_opportunistic: frozenset[str] = frozenset()
 
 
 class TriggerReason(StrEnum):
@@ -478,7 +481,8 @@ def choose_draft(snapshot: DraftChoiceSnapshot) -> DraftDecision:
         )
     ranking = _rank(snapshot)
     if not trigger.triggered:
-        beats = _confidently_better(ranking, current_score, trigger)
+        opportunistic = [s for s in ranking if s.name not in snapshot.not_opportunistic]
+        beats = _confidently_better(opportunistic, current_score, trigger)
         if beats is not None:
             chosen = by_name[beats.name]
             return DraftDecision(

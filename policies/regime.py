@@ -11,9 +11,12 @@ A change to the engine pays back only if the regime it answers lasts longer than
 (switching cost / gain). The expected remaining length of the current regime, at age a, is the median
 of L − a over the recorded regimes of the same direction (a fall is compared with past falls — dips —,
 a rise with past rises) that lasted longer than a (what the engine's own history says about regimes of
-that age); with fewer than ``min_history`` recorded, or none that long, it is a itself (a
-regime that has lasted a is about as likely to last another a: Lindy). So a 3-minute dip never repays a
-change that needs 10 minutes, while a sustained change is followed once its age exceeds the payback.
+that age); when none recorded lasted that long it is a itself (a regime that has lasted a is about as
+likely to last another a: Lindy). With fewer than ``min_history`` regimes of that direction recorded the
+history says nothing yet: the remaining length is unknown (infinite here; the caller's fixed horizon
+applies — Lindy on a young regime with no history would hold back every change, bursts' aftermath
+included, for its payback time). So once a few 3-minute dips are on record, a dip never repays a change
+that needs 10 minutes, while a sustained change is followed once its age exceeds the payback.
 
 A regime whose beginning was not observed — the first one (the traffic was there before the controller
 looked), or one the engine's own change began (:func:`restart`) — has no age to go by: its remaining
@@ -107,7 +110,9 @@ def remaining_s(tracker: RegimeTracker, now: datetime) -> float:
         for length, d in zip(tracker.lengths_s, tracker.directions, strict=True)
         if length > age and d == tracker.direction
     ]
-    if len(tracker.lengths_s) >= tracker.min_history and longer:
+    if sum(1 for d in tracker.directions if d == tracker.direction) < tracker.min_history:
+        return math.inf  # too few regimes like this one recorded: the engine's history says nothing yet
+    if longer:
         return float(statistics.median(longer))
     return age
 

@@ -634,3 +634,42 @@ def test_harder_prompts_after_a_k_change_are_not_taken_for_its_regression(
     assert d.realized_gain == pytest.approx(true_gain, abs=0.02)
     assert "first draft token's acceptance moved 0.800 → 0.600" in (d.status_message or "")
 
+
+
+def test_the_draft_the_floor_swapped_out_is_held_off_the_opportunistic_ranking_until_acceptance_moves(
+    db_url: str,
+) -> None:
+    from policies.draft_choice import DraftCandidate, DraftTriggerConfig
+    from tuner.controller.context import ControllerMemory, build_context
+
+    store = Store(db_url)
+    try:
+        weak_spec = {"method": "draft_model", "model": "/models/weak", "num_speculative_tokens": 3}
+        good_spec = {"method": "draft_model", "model": "/models/good", "num_speculative_tokens": 3}
+        store.record_config(KEY, config_record(weak_spec, T0, AppliedBy.STARTUP))
+        swapped_at = write_windows(store, T0, 30, k=3, rate=60.0, alpha=0.25)  # left below the 0.4 floor
+        store.record_config(KEY, config_record(good_spec, swapped_at, AppliedBy.RESTART))
+        now = write_windows(store, swapped_at, 30, k=3, rate=100.0, alpha=0.8)
+        weak = DraftCandidate("weak", "draft_model", "/models/weak", prior_alpha=0.9, cost_ratio=0.05)
+        good = DraftCandidate("good", "draft_model", "/models/good", prior_alpha=0.8, cost_ratio=0.05)
+        policy = replace(SETTINGS.policy, swap=DraftTriggerConfig(duration_s=200, min_drafts=500, segments=2))
+        settings = replace(SETTINGS, policy=policy)
+        stored = store.current_config(KEY)
+        assert stored is not None
+
+        def tick(at: datetime, memory: ControllerMemory) -> tuple[frozenset[str], ControllerMemory]:
+            ctx, memory = build_context(store, [KEY], stored, at, settings, [weak, good], [], memory)
+            return ctx.floored, memory
+
+        floored, memory = tick(now, ControllerMemory())
+        assert floored == {"weak"}
+        floored, memory = tick(now + timedelta(seconds=10), memory)
+        assert floored == {"weak"}  # the good draft's acceptance has not moved since the swap
+        # it falls to 0.6 and stays there: a new acceptance regime, so weak may be ranked again
+        later = write_windows(store, now, 6, k=3, rate=80.0, alpha=0.6)
+        floored, memory = tick(later, memory)
+        later = write_windows(store, later, 6, k=3, rate=80.0, alpha=0.6)
+        floored, memory = tick(later, memory)
+        assert floored == frozenset()
+    finally:
+        store.close()

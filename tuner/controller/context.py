@@ -32,6 +32,7 @@ from tuner.controller.candidates import current_candidate, same_draft
 from tuner.controller.evidence import (
     HistoryCache,
     LoadProfile,
+    evidence_before_end,
     measured_history,
     spec_windows,
     summarize,
@@ -79,6 +80,9 @@ class DecisionContext:
     history: Mapping[str, AcceptanceEvidence] = field(default_factory=dict)  # candidate name → measured α
     failed: tuple[SpecConfig, ...] = ()  # configs that failed to apply or regressed lately (not proposed again)
     failed_candidates: frozenset[str] = frozenset()  # candidates whose draft is among them
+    # the draft the 0.4 floor swapped out for the running one, while the running draft's acceptance has
+    # not moved since: its pooled history predates the fall that made it leave (not proposed beyond failure)
+    floored: frozenset[str] = frozenset()
     # over the last decide interval: α̂ of the running config, requests running + waiting (the demand)
     recent_alpha: float | None = None
     recent_demand: float | None = None
@@ -255,7 +259,36 @@ def build_context(
         trigger_windows=spec_windows(store, keys, stored, now, settings.policy.swap.duration_s),
         history=measured_history(store, keys, now, settings.history_s, everyone, same_draft, memory.history),
         failed_candidates=frozenset(c.name for c in everyone if any(same_draft(f, c) for f in failed)),
+        floored=floored_out(store, keys, stored, everyone, settings, memory),
     ), memory
+
+
+def floored_out(
+    store: Store,
+    keys: Sequence[EngineKey],
+    stored: StoredConfig,
+    candidates: Sequence[DraftCandidate],
+    settings: ControllerSettings,
+    memory: ControllerMemory,
+) -> frozenset[str]:
+    """The candidate whose draft ran before the running one and left with acceptance below the swap floor
+    (over its last trigger duration), while the running draft's acceptance has stayed in the regime it
+    began in (``memory.alpha_regime``); empty otherwise. Its measured history pools the period it was good
+    in with the fall that made it leave, so ranking it beyond failure would swap straight back."""
+    swap = settings.policy.swap
+    regime = memory.alpha_regime
+    if swap is None or not keys or regime is None or regime[1].direction != 0:
+        return frozenset()
+    started = stored.config.started_at
+    since = started - timedelta(seconds=settings.history_s)
+    before = [c for c in store.configs(keys[0], since=since, until=started) if c.id != stored.id]
+    if not before or before[-1].config.spec.draft == stored.config.spec.draft:
+        return frozenset()  # nothing ran before, or a K change: not a swap
+    previous = before[-1]
+    last = evidence_before_end(store, keys, previous, swap.duration_s)
+    if last.trials <= 0 or last.successes / last.trials >= swap.threshold:
+        return frozenset()
+    return frozenset(c.name for c in candidates if same_draft(previous.config.spec, c))
 
 
 def measure(

@@ -150,6 +150,16 @@ def measured_history(
     return out
 
 
+def evidence_before_end(
+    store: Store, keys: Sequence[EngineKey], stored: StoredConfig, seconds: float
+) -> AcceptanceEvidence:
+    """α evidence of the last ``seconds`` of an ended config period (how it was doing when it left)."""
+    end = stored.config.ended_at
+    if end is None:
+        return AcceptanceEvidence()
+    return _period_evidence(store, keys, stored, end - timedelta(seconds=seconds), end)
+
+
 def _cached_period_evidence(
     store: Store, keys: Sequence[EngineKey], stored: StoredConfig, now: datetime, cache: HistoryCache | None
 ) -> AcceptanceEvidence:

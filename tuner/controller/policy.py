@@ -298,6 +298,7 @@ def propose_swap(ctx: DecisionContext, settings: PolicySettings) -> PolicyOutcom
             config=swap,
             demand=ctx.mean_demand,
             kv=ctx.kv_capacity,
+            not_opportunistic=ctx.floored,
         )
     )
     trigger = decision.trigger

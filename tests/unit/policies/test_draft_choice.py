@@ -203,6 +203,23 @@ def test_a_candidate_that_confidently_beats_the_running_draft_is_proposed_above_
     assert _choice(0.8) is DraftReason.KEEP_NOT_TRIGGERED  # the running draft is good: no swap
 
 
+def test_a_draft_the_floor_just_swapped_out_is_not_proposed_back_beyond_failure() -> None:
+    # ngram left with α below 0.4; its history (a good period before the fall) still ranks it above the
+    # running draft: without the exclusion the controller would swap straight back
+    snap = DraftChoiceSnapshot(
+        now=NOW, current="running", current_k=3, windows=_windows(0.45), candidates=(RUNNING_8B, NGRAM_60),
+        history={"ngram": AcceptanceEvidence(8500.0, 1500.0, 3000.0)}, batch_size=8, k_max=8,
+        step_cost=StepCostModel.from_cost_ratio(0.08, 0.025, 0.0001),
+        config=DraftTriggerConfig(threshold=0.4, duration_s=600, min_drafts=2000, segments=3),
+    )  # fmt: skip
+    assert choose_draft(snap).reason is DraftReason.FALLBACK_NGRAM
+    held = choose_draft(replace(snap, not_opportunistic=frozenset({"ngram"})))
+    assert held.reason is DraftReason.KEEP_NOT_TRIGGERED and held.candidate is None
+    # the floor itself still ranks it: acceptance that stays low may send the engine back to it
+    low = choose_draft(replace(snap, windows=_windows(0.2), not_opportunistic=frozenset({"ngram"})))
+    assert low.reason is DraftReason.FALLBACK_NGRAM
+
+
 # gpu_memory_bound: 70B FP8 with 8k contexts; the 8B draft leaves room for 15 sequences, the 1B for 21
 BIG_8B = DraftCandidate("8b", "draft_model", "/m/8b", params=8_000_000_000, dtype="fp8", kv_bytes_per_token=131072,
                         prior_alpha=0.75, cost_ratio=0.08)  # fmt: skip

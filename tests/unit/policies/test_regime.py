@@ -33,8 +33,8 @@ def test_remaining_length_is_the_median_of_longer_past_regimes_else_the_age() ->
     assert remaining_s(t, now) == pytest.approx(60.0)  # past falls (the dips) lasted 3 minutes
     later = now + timedelta(seconds=180)  # a fall older than any past dip: no longer a dip, Lindy
     assert remaining_s(t, later) == pytest.approx(300.0)
-    young = _track([0.7] * 10 + [0.4] * 3)  # a fall 3 minutes old, nothing recorded like it: Lindy
-    assert remaining_s(young, T0 + timedelta(seconds=60 * 13)) == pytest.approx(180.0)
+    young = _track([0.7] * 10 + [0.4] * 3)  # a fall 3 minutes old, no falls on record: nothing to go by
+    assert remaining_s(young, T0 + timedelta(seconds=60 * 13)) == math.inf
     # a regime whose beginning was not seen (the first; one our own change began) has no age to go by
     fresh = _track([0.7] * 10)
     assert remaining_s(fresh, T0 + timedelta(seconds=540)) == math.inf
