@@ -205,9 +205,6 @@ class PolicySection(_Section):
         description="one K is chosen for the load (requests running) of this long, weighted by time; "
         "a burst shorter than this does not make the controller restart the engine twice",
     )
-    load_regime_band: float = Field(
-        default=0.25, gt=0, lt=1, description="relative change of the load that starts a new load regime"
-    )
     alpha_regime_band: float = Field(
         default=0.05, gt=0, lt=1, description="absolute change of α̂ that starts a new acceptance regime"
     )
@@ -321,7 +318,7 @@ class GuardrailsSection(_Section):
         default=3600.0,
         gt=0,
         description="gain must repay the downtime within this, and within the expected remaining length of "
-        "the current acceptance and load regimes (measured on this engine, policies/regime.py), whichever is shorter",
+        "the current acceptance regime (measured on this engine, policies/regime.py), whichever is shorter",
     )
     maintenance_windows: list[MaintenanceWindow] = Field(
         default_factory=list, description="when set, restarts only inside one of them"

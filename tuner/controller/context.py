@@ -83,10 +83,9 @@ class DecisionContext:
     # the draft the 0.4 floor swapped out for the running one, while the running draft's acceptance has
     # not moved since: its pooled history predates the fall that made it leave (not proposed beyond failure)
     floored: frozenset[str] = frozenset()
-    # over the last decide interval: α̂ of the running config, requests running + waiting (the demand)
+    # α̂ of the running config over the last decide interval (what the acceptance regime tracks)
     recent_alpha: float | None = None
-    recent_demand: float | None = None
-    # expected remaining length of the current acceptance and load regimes, the shorter (policies.regime)
+    # expected remaining length of the current acceptance regime (policies.regime); None: unknown
     regime_remaining_s: float | None = None
     # the evidence window's requests running + waiting (time-weighted) and mean KV usage (0..1): when KV
     # memory caps the batch, requests wait and each config could run a different batch (kv_capacity)
@@ -224,9 +223,8 @@ class ControllerMemory:
     load: LoadProfile = field(default_factory=LoadProfile)  # requests running over the load horizon
     # (read at, running draft, (T(B, K), note, source)): re-read every refit interval or on a swap
     step_cost: tuple[datetime, tuple[str, str | None], tuple[StepCostModel, str, str] | None] | None = None
-    # acceptance (of the running draft, named beside it) and load regimes, measured tick by tick
+    # acceptance regimes of the running draft (named beside it), measured tick by tick
     alpha_regime: tuple[tuple[str, str | None] | None, RegimeTracker] | None = None
-    load_regime: RegimeTracker | None = None
 
 
 def build_context(
@@ -315,11 +313,6 @@ def measure(
             positions = positions + PositionData.from_counters(effective)
     recent = [w for w in wins if w.end > now - timedelta(seconds=recent_s)]
     recent_alpha = alpha_of_windows([w.spec for w in recent if w.spec is not None], confidence).alpha
-    demand = [
-        w.requests_running + (w.requests_waiting or 0.0)
-        for w in recent
-        if w.requests_running is not None and math.isfinite(w.requests_running)
-    ]
     load = [w for w in wins if w.duration_s > 0 and _finite(w.requests_running)]
     load_s = sum(w.duration_s for w in load)
     demand_s = sum(w.duration_s * ((w.requests_running or 0.0) + (w.requests_waiting or 0.0)) for w in load)
@@ -345,7 +338,6 @@ def measure(
             if w.duration_s > 0 and w.requests_running is not None and math.isfinite(w.requests_running)
         ),
         recent_alpha=recent_alpha,
-        recent_demand=sum(demand) / len(demand) if demand else None,
         mean_demand=demand_s / load_s if load_s > 0 else None,
         kv_usage=sum(w.duration_s * (w.kv_cache_usage or 0.0) for w in usage) / usage_s if usage_s > 0 else None,
     )
@@ -386,8 +378,10 @@ def kv_capacity(ctx: DecisionContext, cache: Mapping[str, Any] | None, settings:
 def _with_regimes(
     ctx: DecisionContext, settings: ControllerSettings, memory: ControllerMemory
 ) -> tuple[DecisionContext, ControllerMemory]:
-    """The acceptance and load regimes after this tick's observation, and the shorter expected remaining
-    length of the two (what a change's switching cost is weighed over)."""
+    """The acceptance regime after this tick's observation and its expected remaining length (what a
+    change's switching cost is weighed over). Load regimes are not used: K is already chosen over the load
+    of ``load_horizon_s``, so a burst barely moves it, while a diurnal load, always drifting, would make
+    every load regime short and hold back the changes that follow it."""
     p = settings.policy.policy
     draft = ctx.current.draft
     if memory.alpha_regime is None:
@@ -397,9 +391,8 @@ def _with_regimes(
         if seen != draft:  # another draft is another α: a regime we began, not one the traffic ended
             alpha = restart(alpha, ctx.now)
     alpha = observe(alpha, ctx.now, ctx.recent_alpha)
-    load = observe(memory.load_regime or RegimeTracker(1.0, p.load_regime_band), ctx.now, ctx.recent_demand)
-    memory = replace(memory, alpha_regime=(draft, alpha), load_regime=load)
-    remaining = min(remaining_s(alpha, ctx.now), remaining_s(load, ctx.now))
+    memory = replace(memory, alpha_regime=(draft, alpha))
+    remaining = remaining_s(alpha, ctx.now)
     return replace(ctx, regime_remaining_s=remaining if math.isfinite(remaining) else None), memory
 
 
