@@ -12,9 +12,24 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+import tuner.controller.controller as controller_module
+from tests.fakes import make_context
 from tuner.cli.main import app
+from tuner.controller.context import DecisionContext
+from tuner.controller.policy import PolicyOutcome, PolicyReason
+from tuner.controller.settings import PolicySettings
+from tuner.sim.actuator import SimActuator, SimClock
 from tuner.sim.engine import SimEngine
-from tuner.sim.run import StoreFactory, run_scenario, simulate, start_config
+from tuner.sim.run import (
+    T0,
+    ControllerDriver,
+    PolicyRun,
+    StoreFactory,
+    daemon_config,
+    run_scenario,
+    simulate,
+    start_config,
+)
 from tuner.sim.scenario import Scenario, parse_scenario
 from tuner.store import Store
 
@@ -140,3 +155,34 @@ def _to_toml(data: dict[str, Any], prefix: str = "") -> str:
         out += f"\n[[{name}]]\n" if many else f"\n[{name}]\n"
         out += _to_toml(table, prefix=f"{name}.")
     return out
+
+
+
+def test_spectuner_stepcost_re_pins_the_true_step_cost_of_the_draft_in_force(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a swap, [policy.step_cost] must be the new draft's T(B, K), not the start draft's; the
+    controller's default policy reads the settings in force at each decision."""
+    scenario = bench_scenario("gpu_degrading", duration_s=600, change_at_s=300, controller={"candidates": []})
+    engine = SimEngine(scenario)
+    start = start_config(scenario)
+    seen: list[PolicySettings] = []
+
+    def spy(ctx: DecisionContext, settings: PolicySettings) -> PolicyOutcome:
+        seen.append(settings)
+        return PolicyOutcome(PolicyReason.KEEP, "spy")
+
+    monkeypatch.setattr(controller_module, "propose", spy)  # our seam: what the default policy is given
+    with StoreFactory() as stores:
+        store = stores.new()
+        try:
+            clock = SimClock(T0)
+            run = PolicyRun("spectuner_stepcost", "controller", start.label)
+            config = daemon_config(scenario, engine, step_cost=True)
+            driver = ControllerDriver(store, SimActuator(engine, clock, start), config, clock, run, None)
+            assert driver.controller.settings.policy.pinned_step_cost == engine.cost[str(start.draft)]
+            assert engine.cost["llama-1b"] != engine.cost[str(start.draft)]
+            driver.pin_step_cost(engine.cost["llama-1b"])
+            spec = {"method": "draft_model", "model": "m", "num_speculative_tokens": 3}
+            driver.controller.policy(make_context(spec, []))
+        finally:
+            store.close()
+    assert [s.pinned_step_cost for s in seen] == [engine.cost["llama-1b"]]
