@@ -23,7 +23,7 @@ from collectors.records import EngineKey
 from policies.acceptance import AcceptanceEvidence, AlphaEstimate, alpha_of_windows, effective_counters
 from policies.counters import SpecCounters
 from policies.draft_choice import DraftCandidate, SpecWindow
-from policies.memory import KvCapacity
+from policies.memory import FREE_METHODS, KvCapacity
 from policies.positional import PositionData
 from policies.regime import RegimeTracker, observe, remaining_s, restart
 from policies.spec_config import SpecConfig
@@ -359,7 +359,8 @@ def cache_config(store: Store, keys: Sequence[EngineKey]) -> Mapping[str, Any] |
 def kv_capacity(ctx: DecisionContext, cache: Mapping[str, Any] | None, settings: PolicySettings) -> KvCapacity | None:
     """The engine's KV pool from its cache_config_info (num_gpu_blocks × block_size tokens) and the target's
     KV bytes per token (``[memory]``); the context per sequence from KV usage × pool / requests running,
-    less the running config's K lookahead slots (else ``[memory] tokens_per_seq``). None when any is missing."""
+    less the running config's K lookahead slots (else ``[memory] tokens_per_seq``). None when any is missing,
+    or when the running draft model is not registered with its size (``[[drafts]]`` num_params)."""
     p = settings
     try:
         tokens = float((cache or {})["num_gpu_blocks"]) * float((cache or {})["block_size"])
@@ -371,7 +372,9 @@ def kv_capacity(ctx: DecisionContext, cache: Mapping[str, Any] | None, settings:
         per_seq = ctx.kv_usage * tokens / ctx.mean_batch_size - k
     if not (math.isfinite(tokens) and tokens > 0 and p.target_kv_bytes_per_token > 0 and per_seq > 0):
         return None
-    running = ctx.running.footprint() if ctx.running is not None else None
+    running = ctx.running.footprint() if ctx.running is not None and k > 0 else None
+    if running is not None and running.method not in FREE_METHODS and running.weights_bytes <= 0:
+        return None  # the running draft is not registered with its size: the pool it shares is unknown
     return KvCapacity(tokens, p.target_kv_bytes_per_token, per_seq, running, k)
 
 

@@ -86,6 +86,9 @@ def test_the_kv_pool_comes_from_cache_config_and_the_context_per_sequence_from_k
     assert (kv.max_batch(None, 0), kv.max_batch(kv.running, 3)) == (24, 15)
     # anything missing: no capacity (the policy then ranks every config at the batch running now)
     assert kv_capacity(ctx, None, settings) is None
+    unsized = make_context(spec, [iid_counters(0.75, 3, 200)] * 3, batch=15.0)  # the 8B not registered
+    assert unsized.running is not None and unsized.running.params == 0
+    assert kv_capacity(replace(unsized, kv_usage=ctx.kv_usage, mean_demand=32.0), cache, settings) is None
     assert kv_capacity(ctx, {"num_gpu_blocks": "n/a", "block_size": "16"}, settings) is None
     assert kv_capacity(ctx, cache, PolicySettings.from_sections(PolicySection(), MemorySection())) is None
     # no KV usage scraped: [memory] tokens_per_seq stands in
