@@ -665,7 +665,14 @@ def test_the_draft_the_floor_swapped_out_is_held_off_the_opportunistic_ranking_u
         assert floored == {"weak"}
         floored, memory = tick(now + timedelta(seconds=10), memory)
         assert floored == {"weak"}  # the good draft's acceptance has not moved since the swap
-        # it falls to 0.6 and stays there: a new acceptance regime, so weak may be ranked again
+        # it rises to 0.9: a new regime, but nothing in weak's favour
+        later = write_windows(store, now, 6, k=3, rate=110.0, alpha=0.9)
+        floored, memory = tick(later, memory)
+        later = write_windows(store, later, 6, k=3, rate=110.0, alpha=0.9)
+        floored, memory = tick(later, memory)
+        assert floored == {"weak"}
+        now = later
+        # it falls to 0.6 and stays there: the traffic moved, so weak may be ranked again
         later = write_windows(store, now, 6, k=3, rate=80.0, alpha=0.6)
         floored, memory = tick(later, memory)
         later = write_windows(store, later, 6, k=3, rate=80.0, alpha=0.6)

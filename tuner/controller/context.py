@@ -270,12 +270,14 @@ def floored_out(
     memory: ControllerMemory,
 ) -> frozenset[str]:
     """The candidate whose draft ran before the running one and left with acceptance below the swap floor
-    (over its last trigger duration), while the running draft's acceptance has stayed in the regime it
-    began in (``memory.alpha_regime``); empty otherwise. Its measured history pools the period it was good
-    in with the fall that made it leave, so ranking it beyond failure would swap straight back."""
+    (over its last trigger duration), until the running draft's acceptance falls into a new regime
+    (``memory.alpha_regime``: the traffic moved, perhaps back to what the other draft liked); empty
+    otherwise. Its measured history pools the period it was good in with the fall that made it leave, so
+    ranking it beyond failure would swap straight back. The running draft's acceptance settling or rising
+    says nothing in the other draft's favour."""
     swap = settings.policy.swap
     regime = memory.alpha_regime
-    if swap is None or not keys or regime is None or regime[1].direction != 0:
+    if swap is None or not keys or regime is None or regime[1].direction < 0:
         return frozenset()
     started = stored.config.started_at
     since = started - timedelta(seconds=settings.history_s)
@@ -283,10 +285,31 @@ def floored_out(
     if not before or before[-1].config.spec.draft == stored.config.spec.draft:
         return frozenset()  # nothing ran before, or a K change: not a swap
     previous = before[-1]
-    last = evidence_before_end(store, keys, previous, swap.duration_s)
-    if last.trials <= 0 or last.successes / last.trials >= swap.threshold:
+    floored = _applied_by_the_floor(store, stored)
+    if not (floored or _left_low(store, keys, previous, swap.threshold, swap.duration_s)):
         return frozenset()
     return frozenset(c.name for c in candidates if same_draft(previous.config.spec, c))
+
+
+def _applied_by_the_floor(store: Store, stored: StoredConfig) -> bool:
+    """The running config was applied by a decision whose swap trigger fired (acceptance stayed low)."""
+    if stored.config.decision_id is None:
+        return False
+    try:
+        inputs = store.decision(stored.config.decision_id).decision.inputs
+    except LookupError:
+        return False
+    trigger = inputs.get("policy", {}).get("trigger") if isinstance(inputs, dict) else None
+    return isinstance(trigger, dict) and trigger.get("triggered") is True
+
+
+def _left_low(
+    store: Store, keys: Sequence[EngineKey], previous: StoredConfig, threshold: float, seconds: float
+) -> bool:
+    """The previous config's acceptance over its last ``seconds`` was below the floor (a swap not recorded
+    by this controller: an operator's, or before an audit row existed)."""
+    last = evidence_before_end(store, keys, previous, seconds)
+    return last.trials > 0 and last.successes / last.trials < threshold
 
 
 def measure(
