@@ -46,7 +46,12 @@ sys.path.insert(0, str(REPO))
 from collectors.step_ingest import StepFeed, StepIngestServer  # noqa: E402
 from collectors.vllm_plugin import env  # noqa: E402
 from collectors.vllm_plugin.client import ControlClient  # noqa: E402
-from tuner.actuators.base import Actuator, ApplyResult, ApplyStatus, SpecConfig  # noqa: E402
+from tuner.actuators.base import (  # noqa: E402
+    Actuator,
+    ApplyResult,
+    ApplyStatus,
+    VllmSpec,
+)
 from tuner.actuators.live import LiveActuator, LiveApplyResult  # noqa: E402
 from tuner.lab.load import run_load  # noqa: E402
 from tuner.lab.prompts import PREDICTABLE  # noqa: E402
@@ -154,7 +159,7 @@ def cpu_per_step_us() -> dict[str, float]:
 class NoFallback(Actuator):
     kind = "restart"
 
-    def apply(self, config: SpecConfig) -> ApplyResult:
+    def apply(self, config: VllmSpec) -> ApplyResult:
         return ApplyResult(ApplyStatus.FAILED, "the benchmark allows no restart", self.current)
 
 

@@ -238,6 +238,7 @@ def parse_metrics_page(text: str, *, url: str, ts: datetime, source: str = "") -
     contradict each other. A page with no spec-decode counters gives ``spec=None`` (speculation off).
     """
     src = source or url
+    text = text.removeprefix("\ufeff")  # a byte-order mark (a page saved by a Windows editor) is not a line
     kept, fast = _split_page(text, src)
     engines: dict[tuple[str, str], _Engine] = {}
     cache_config: dict[str, dict[str, str]] = {}

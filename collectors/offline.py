@@ -34,12 +34,24 @@ class DumpError(ValueError):
 
 def read_dump(path: Path) -> list[EngineSample]:
     """Parse one saved /metrics page; ``DumpError`` says what is wrong with it."""
+    save = f"save one with `curl -s http://HOST:PORT/metrics > {path}`"
     try:
-        text = path.read_text(encoding="utf-8")
+        raw = path.read_bytes()
     except FileNotFoundError as exc:
-        raise DumpError(f"{path}: no such file; save one with `curl -s http://HOST:PORT/metrics > {path}`") from exc
-    except (OSError, UnicodeDecodeError) as exc:
-        raise DumpError(f"{path}: cannot read it ({exc})") from exc
+        raise DumpError(f"{path}: no such file; {save}") from exc
+    except IsADirectoryError as exc:
+        raise DumpError(f"{path} is a directory, not a /metrics page; {save}") from exc
+    except OSError as exc:
+        raise DumpError(f"{path}: cannot read it ({exc.strerror or exc})") from exc
+    if raw.startswith(b"\x1f\x8b"):
+        raise DumpError(f"{path} is gzip-compressed: `gunzip` it first, or {save}")
+    nul = raw.find(b"\x00")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        nul = exc.start if nul < 0 else min(nul, exc.start)
+    if nul >= 0:
+        raise DumpError(f"{path} is binary data (byte {nul}), not a text /metrics page; {save}")
     try:
         # The dump's own time is unknown; windows from dumps carry no meaningful timestamps.
         return parse_metrics_page(text, url=str(path), ts=datetime.fromtimestamp(0, UTC), source=str(path))
@@ -83,6 +95,15 @@ def engine_counters(first: list[EngineSample], second: list[EngineSample] | None
             )
         )
     return out
+
+
+def looks_swapped(first: list[EngineSample], second: list[EngineSample]) -> bool:
+    """True when the second dump looks older than the first: every engine "restarted" between them
+    one way, and none did the other way (the dumps were given newest first)."""
+    forward = engine_counters(first, second)
+    if not forward or not all(c.reset for c in forward):
+        return False
+    return not any(c.reset for c in engine_counters(second, first))
 
 
 class MixedKError(ValueError):

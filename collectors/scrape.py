@@ -22,6 +22,7 @@ import httpx
 from collectors.errors import ScrapeError, ScrapeErrorReason
 from collectors.exposition import parse_metrics_page
 from collectors.records import EngineKey, EngineSample, EventRecord, RecordSink, WindowRecord
+from collectors.redact import redact_url, scrub, url_secrets
 from collectors.window import window_between
 
 logger = logging.getLogger(__name__)
@@ -32,6 +33,7 @@ Clock = Callable[[], datetime]
 # an uncompressed body lets us compare it with Content-Length to catch a short read.
 _REQUEST_HEADERS = {"Accept": "text/plain; version=0.0.4", "Accept-Encoding": "identity"}
 SINK_ERROR = "sink_error"
+DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 
 
 def utc_now() -> datetime:
@@ -84,7 +86,7 @@ class Collector:
         clock: Clock = utc_now,
         *,
         stale_after_s: float | None = None,
-        max_body_bytes: int = 32 * 1024 * 1024,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         client: httpx.Client | None = None,
         resume_max_age_s: float = 900.0,
     ) -> None:
@@ -96,7 +98,11 @@ class Collector:
             raise ValueError(f"max_body_bytes must be positive but got {max_body_bytes}")
         if resume_max_age_s < 0:
             raise ValueError(f"resume_max_age_s cannot be negative but got {resume_max_age_s}")
-        self.url = url
+        # ``url`` may carry credentials (http://user:pass@host/metrics): it is fetched as given, but
+        # logs, errors and the database (the engine series' URL) only ever see it redacted.
+        self._fetch_url = url
+        self.url = redact_url(url)
+        self._url_secrets = url_secrets(url)
         self.sink = sink
         self.interval_s = interval_s
         self.timeout_s = timeout_s
@@ -124,12 +130,14 @@ class Collector:
         """GET the page; any way it can fail becomes a ``ScrapeError``."""
         started = time.monotonic()
         try:
-            with self._client.stream("GET", self.url, headers=_REQUEST_HEADERS) as response:
+            with self._client.stream("GET", self._fetch_url, headers=_REQUEST_HEADERS) as response:
                 if response.status_code != 200:
                     response.read()
                     raise ScrapeError(
                         ScrapeErrorReason.HTTP_STATUS,
-                        f"HTTP {response.status_code} (expected 200): {response.text[:200]!r}",
+                        scrub(
+                            f"HTTP {response.status_code} (expected 200): {response.text[:200]!r}", self._url_secrets
+                        ),
                         source=self.url,
                     )
                 chunks: list[bytes] = []
@@ -139,7 +147,8 @@ class Collector:
                     if size > self.max_body_bytes:
                         raise ScrapeError(
                             ScrapeErrorReason.TOO_LARGE,
-                            f"body over {self.max_body_bytes} bytes; raise max_body_bytes if this is real",
+                            f"body over {self.max_body_bytes} bytes; raise max_body_bytes "
+                            "(collect --max-body-bytes) if this is real",
                             source=self.url,
                         )
                     # httpx times each read, not the whole body: a trickling server must still stop.
@@ -167,12 +176,17 @@ class Collector:
             ) from exc
         except httpx.RemoteProtocolError as exc:
             raise ScrapeError(
-                ScrapeErrorReason.TRUNCATED, f"connection closed mid-response ({exc})", source=self.url
+                ScrapeErrorReason.TRUNCATED,
+                scrub(f"connection closed mid-response ({exc})", self._url_secrets),
+                source=self.url,
             ) from exc
         except httpx.HTTPError as exc:
             raise ScrapeError(
                 ScrapeErrorReason.CONNECTION,
-                f"cannot reach the engine ({type(exc).__name__}: {exc}); is vLLM running at this URL?",
+                scrub(
+                    f"cannot reach the engine ({type(exc).__name__}: {exc}); is vLLM running at this URL?",
+                    self._url_secrets,
+                ),
                 source=self.url,
             ) from exc
         try:

@@ -25,6 +25,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -58,17 +59,47 @@ def _counts(step: dict[str, Any], name: str) -> tuple[int, ...]:
     return tuple(value)
 
 
-def step_from_wire(step: Any, url: str, model: str) -> StepRecord:
-    """One wire step → :class:`StepRecord`; :class:`StepError` names what is wrong."""
+@dataclass(frozen=True)
+class StepBounds:
+    """What a real step can look like; anything outside is rejected (and counted), never stored.
+
+    ``now_s``: the sidecar's clock (Unix seconds); a step is stamped within ``max_age_s`` before it
+    (the plugin's queue may hold steps while the sidecar is down) and ``max_future_s`` after it
+    (clock skew between processes). ``max_batch_size``: the engine's --max-num-seqs.
+    """
+
+    now_s: float
+    max_age_s: float = 3600.0
+    max_future_s: float = 60.0
+    max_batch_size: int = 4096
+    max_step_time_s: float = 300.0
+    max_k: int = 64
+
+
+def step_from_wire(step: Any, url: str, model: str, bounds: StepBounds | None = None) -> StepRecord:
+    """One wire step → :class:`StepRecord`; :class:`StepError` names what is wrong. ``bounds``
+    (the ingest endpoint always gives them) also rejects times, batch sizes and step times no engine
+    produces, and counts that contradict each other."""
     if not isinstance(step, dict):
         raise StepError(f"a step must be a JSON object, got {type(step).__name__}")
+    b = bounds or StepBounds(now_s=time.time(), max_age_s=float("inf"), max_future_s=float("inf"))
     t = step.get("t")
     if not isinstance(t, int | float) or isinstance(t, bool) or not 0 < t < 1e11:
         raise StepError(f"field 't' must be a Unix time in seconds, got {t!r}")
+    if not b.now_s - b.max_age_s <= t <= b.now_s + b.max_future_s:
+        raise StepError(
+            f"field 't' ({t:.0f}) is {t - b.now_s:+.0f} s from the sidecar's clock: steps must be stamped "
+            f"within {b.max_age_s:g} s before and {b.max_future_s:g} s after now"
+        )
     dt = step.get("dt")
-    if dt is not None and (not isinstance(dt, int | float) or isinstance(dt, bool) or not 0 <= dt < 3600):
-        raise StepError(f"field 'dt' must be null or seconds in [0, 3600), got {dt!r}")
+    if dt is not None and (not isinstance(dt, int | float) or isinstance(dt, bool) or not 0 <= dt <= b.max_step_time_s):
+        raise StepError(f"field 'dt' must be null or seconds in [0, {b.max_step_time_s:g}], got {dt!r}")
     k = _count(step, "k")
+    if k > b.max_k:
+        raise StepError(f"field 'k' ({k}) is above {b.max_k}")
+    batch = _count(step, "b")
+    if batch > b.max_batch_size:
+        raise StepError(f"field 'b' (batch size {batch}) is above the engine's {b.max_batch_size} sequences")
     accepted_per_pos = _counts(step, "ap")
     draft_per_pos = _counts(step, "dp")
     if len(accepted_per_pos) != k or len(draft_per_pos) != k:
@@ -78,13 +109,17 @@ def step_from_wire(step: Any, url: str, model: str) -> StepRecord:
     drafts, draft_tokens, accepted = _count(step, "d"), _count(step, "dn"), _count(step, "a")
     if accepted > draft_tokens:
         raise StepError(f"accepted tokens ({accepted}) exceed draft tokens ({draft_tokens})")
+    if drafts > batch or draft_tokens > drafts * k:
+        raise StepError(f"{drafts} drafts of {draft_tokens} tokens cannot come from a batch of {batch} at K={k}")
+    if sum(accepted_per_pos) != accepted or any(a > d for a, d in zip(accepted_per_pos, draft_per_pos, strict=True)):
+        raise StepError(f"per-position counts 'ap' {list(accepted_per_pos)} and 'dp' disagree with 'a' = {accepted}")
     scheduled = step.get("s")
     if scheduled is not None:
         scheduled = _count(step, "s")
     return StepRecord(
         ts=datetime.fromtimestamp(float(t), UTC),
         key=EngineKey(url=url, model_name=model, engine=str(_count(step, "e"))),
-        batch_size=_count(step, "b"),
+        batch_size=batch,
         step_time_s=None if dt is None else float(dt),
         spec=SpecCounters(
             drafts=drafts,
@@ -201,8 +236,9 @@ class StepIngestServer:
         *,
         host: str = "127.0.0.1",
         port: int = 0,
-        token: str | None = None,
+        token: str,
         feed: StepFeed | None = None,
+        max_batch_size: int = 4096,
         max_body_bytes: int = 16 * 1024 * 1024,
         drop_event_interval_s: float = 60.0,
         writer: BatchWriter[StepRecord] | None = None,
@@ -214,7 +250,11 @@ class StepIngestServer:
         self.engine_url = engine_url
         self.host = host
         self.port = port
-        self._token = token.encode() if token else None
+        if not token or not token.strip():
+            # Any local process could otherwise write steps (fake engines, dates in 1970, drop alerts).
+            raise ValueError("the ingest endpoint needs a non-empty token ([plugin] token_file)")
+        self._token = token.strip().encode()
+        self.max_batch_size = max_batch_size
         self.feed = feed or StepFeed()
         self.max_body_bytes = max_body_bytes
         self.drop_event_interval_s = drop_event_interval_s
@@ -224,6 +264,9 @@ class StepIngestServer:
         self._stats_lock = threading.Lock()
         self._last_drop_event = 0.0
         self._reported_dropped = 0
+        # The plugin_steps_dropped event is written here, off the request path: an answer waits for no
+        # database (the batch is acknowledged once queued).
+        self._events = ThreadPoolExecutor(max_workers=1, thread_name_prefix="spectuner-ingest-events")
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
         # Open keep-alive connections: stop() must close them too, or a plugin would go on posting
@@ -240,9 +283,7 @@ class StepIngestServer:
 
     # -- handling --------------------------------------------------------------------------------
     def authorized(self, header: str | None) -> bool:
-        if self._token is None:
-            return True
-        return header is not None and hmac.compare_digest(header.encode(), self._token)
+        return header is not None and hmac.compare_digest(header.strip().encode(), self._token)
 
     def ingest(self, body: bytes) -> tuple[int, dict[str, Any]]:
         """Handle one POST body; returns (HTTP status, JSON answer). Public for tests and benchmarks."""
@@ -261,9 +302,10 @@ class StepIngestServer:
             return self._bad('"source.model" (the served model name) is missing')
         records: list[StepRecord] = []
         errors: list[str] = []
+        bounds = StepBounds(now_s=self.clock().timestamp(), max_batch_size=self.max_batch_size)
         for i, raw in enumerate(batch["steps"]):
             try:
-                records.append(step_from_wire(raw, self.engine_url, model))
+                records.append(step_from_wire(raw, self.engine_url, model, bounds))
             except StepError as exc:
                 if len(errors) < _MAX_ERRORS_REPORTED:
                     errors.append(f"steps[{i}]: {exc}")
@@ -307,6 +349,10 @@ class StepIngestServer:
             severity="warning",
             data={"dropped_total": dropped, "model": model},
         )
+        with contextlib.suppress(RuntimeError):  # stopped meanwhile: the counters stay on /v1/steps/stats
+            self._events.submit(self._write_event, event)
+
+    def _write_event(self, event: EventRecord) -> None:
         try:
             self.sink.write_events([event])
         except Exception as exc:  # the store may be down too; the counters stay visible on /v1/steps/stats
@@ -377,21 +423,31 @@ class StepIngestServer:
                 if self.path != STEPS_PATH:
                     self._answer(404, {"error": f"unknown path {self.path!r}; POST step batches to {STEPS_PATH}"})
                     return
+                if not self._authorized():
+                    return
                 length = int(self.headers.get("Content-Length") or 0)
                 if length > ingest.max_body_bytes:
                     self.close_connection = True
                     self._answer(413, {"error": f"body of {length} bytes is over {ingest.max_body_bytes}"})
                     return
                 body = self.rfile.read(length)
-                if not ingest.authorized(self.headers.get(TOKEN_HEADER)):
-                    with ingest._stats_lock:
-                        ingest.stats.unauthorized += 1
-                    self._answer(401, {"error": f"wrong or missing {TOKEN_HEADER} header"})
-                    return
                 status, payload = ingest.ingest(body)
                 self._answer(status, payload)
 
+            def _authorized(self) -> bool:
+                """Every path needs the token; a refused request's body is never read (the
+                connection is closed instead)."""
+                if ingest.authorized(self.headers.get(TOKEN_HEADER)):
+                    return True
+                with ingest._stats_lock:
+                    ingest.stats.unauthorized += 1
+                self.close_connection = True
+                self._answer(401, {"error": f"wrong or missing {TOKEN_HEADER} header"})
+                return False
+
             def do_GET(self) -> None:
+                if not self._authorized():
+                    return
                 if self.path != STATS_PATH:
                     self._answer(404, {"error": f"unknown path {self.path!r}; GET {STATS_PATH} for counters"})
                     return
@@ -421,6 +477,7 @@ class StepIngestServer:
         for conn in conns:
             with contextlib.suppress(OSError):
                 conn.shutdown(socket.SHUT_RDWR)
+        self._events.shutdown(wait=True)
         self.writer.close()
 
     def __enter__(self) -> StepIngestServer:

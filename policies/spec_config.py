@@ -24,6 +24,51 @@ K_TABLE_KEY = _TABLE
 K_KEYS = (_K, _TABLE)  # what a live K change may touch (the draft stays loaded)
 RESERVED_KEYS = frozenset({_METHOD, _MODEL, *K_KEYS})
 
+# vLLM 0.32's speculative methods (SpeculativeConfig.method; *_mtp variants too) plus "off".
+KNOWN_METHODS = frozenset(
+    {"draft_model", "eagle", "eagle3", "ngram", "ngram_gpu", "suffix", "medusa", "mlp_speculator", "mtp", "off"}
+)
+MODEL_METHODS = frozenset({"draft_model", "eagle", "eagle3", "medusa", "mlp_speculator"})
+
+# The keys of vLLM 0.32's SpeculativeConfig an operator may set (its init fields, less the ones vLLM
+# fills in itself: draft/target model and parallel configs). Anything else is refused, not forwarded.
+KNOWN_KEYS = frozenset(
+    {
+        "attention_backend",
+        "code_revision",
+        "disable_eagle_block_drop",
+        "disable_padded_drafter_batch",
+        "draft_sample_method",
+        "draft_tensor_parallel_size",
+        "dspark_draft_topk",
+        "enable_adaptive_verification",
+        "enforce_eager",
+        "index_share_for_mtp_iteration",
+        "kv_cache_dtype",
+        "max_model_len",
+        "method",
+        "model",
+        "moe_backend",
+        "num_speculative_tokens",
+        "num_speculative_tokens_per_batch_size",
+        "parallel_drafting",
+        "prompt_lookup_max",
+        "prompt_lookup_min",
+        "quantization",
+        "rejection_sample_method",
+        "revision",
+        "suffix_decoding_max_cached_requests",
+        "suffix_decoding_max_spec_factor",
+        "suffix_decoding_max_tree_depth",
+        "suffix_decoding_min_token_prob",
+        "tensor_parallel_size",
+        "use_heterogeneous_vocab",
+        "use_local_argmax_reduction",
+    }
+)
+
+EXAMPLE = '{"method": "draft_model", "model": "/models/draft", "num_speculative_tokens": 4}'
+
 OFF_METHOD = "off"
 
 # vLLM methods whose proposer runs a model forward every step, K = 0 included, to keep the draft's KV
@@ -226,9 +271,13 @@ def _parse_table(rows: object) -> tuple[KRow, ...]:
 
 
 __all__ = [
+    "EXAMPLE",
+    "KNOWN_KEYS",
+    "KNOWN_METHODS",
     "K_KEY",
     "K_KEYS",
     "K_TABLE_KEY",
+    "MODEL_METHODS",
     "OFF",
     "OFF_METHOD",
     "RESERVED_KEYS",

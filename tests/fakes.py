@@ -15,9 +15,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from collectors.records import EngineKey
-from policies.acceptance import AcceptanceEvidence, alpha_of_windows
+from policies.acceptance import AcceptanceEvidence, alpha_of_windows, effective_counters
 from policies.counters import SpecCounters
 from policies.draft_choice import DraftCandidate, SpecWindow
+from policies.positional import PositionData
 from policies.spec_config import SpecConfig
 from tuner.controller.candidates import current_candidate, same_draft
 from tuner.controller.context import DecisionContext
@@ -88,6 +89,11 @@ def make_context(
     for c in windows:
         total = total + c
     running, everyone = current_candidate(current, candidates, cost_ratio)
+    positions = PositionData((), ())
+    for c in windows:
+        effective = effective_counters(c)
+        if effective is not None:
+            positions = positions + PositionData.from_counters(effective)
     ctx = DecisionContext(
         now=now,
         keys=(key,),
@@ -96,6 +102,7 @@ def make_context(
         spec=total,
         alpha=alpha_of_windows(list(windows), confidence),
         windows=len(windows),
+        positions=positions,
         duration_s=len(windows) * window_s,
         generation_tokens=rate * len(windows) * window_s,
         window_rates=tuple(rate for _ in windows),

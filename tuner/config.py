@@ -20,6 +20,10 @@ from policies.spec_config import SpecConfig
 from tuner.alerts.settings import AlertsSection
 from tuner.exporters.settings import ExportersSection
 
+# Bounds every input path shares (config, `recommend`, `apply`, the daemon's override check).
+K_LIMIT = 64  # largest num_speculative_tokens spectuner will consider or send
+BATCH_SIZE_LIMIT = 4096  # largest batch size (vLLM --max-num-seqs) a K table may cover
+
 
 class ConfigError(ValueError):
     """The config file cannot be used. ``problems`` holds one ``key: message`` line per problem."""
@@ -27,8 +31,11 @@ class ConfigError(ValueError):
     def __init__(self, path: str, problems: list[str]) -> None:
         self.path = path
         self.problems = problems
-        lines = "\n".join(f"  - {p}" for p in problems)
-        super().__init__(f"config {path} has {len(problems)} problem(s):\n{lines}")
+        if len(problems) == 1:  # one line, as every CLI error
+            super().__init__(f"config {path}: {problems[0]}")
+        else:
+            lines = "\n".join(f"  - {p}" for p in problems)
+            super().__init__(f"config {path} has {len(problems)} problems:\n{lines}")
 
 
 class _Section(BaseModel):
@@ -98,15 +105,73 @@ class LiveActuatorSection(_Section):
         default="restart", description="actuator for changes that cannot be made live (its table is required)"
     )
     k_max: int | None = Field(
-        default=None, ge=1, le=64, description="K_max the engine starts with (smaller K are live); default policy.k_max"
+        default=None,
+        ge=1,
+        le=K_LIMIT,
+        description="K_max the engine starts with (smaller K are live); default policy.k_max",
     )
     verify_timeout_s: float = Field(default=5.0, gt=0, description="how long to watch the step stream for the new K")
     min_evidence_steps: int = Field(default=2, ge=1, description="steps at the new K that confirm a change")
     control_timeout_s: float = Field(default=3.0, gt=0, description="control-channel request timeout")
 
 
+class FrontDoorSection(_Section):
+    """The tap in front of a restart-managed engine (docs/controller.md, "Changes without an outage"):
+    clients talk to the tap; an apply holds or switches there instead of failing requests."""
+
+    engine_url: str = Field(description="where the tap reaches the engine: http://127.0.0.1:PORT (argv's --port)")
+    listen: str | None = Field(
+        default=None, description="run the tap inside the sidecar on this 127.0.0.1:PORT (clients connect there)"
+    )
+    control_url: str | None = Field(
+        default=None, description="or drive a separate `spectuner tap --control-token-file F` at this URL"
+    )
+    control_token_file: str | None = Field(default=None, description="that tap's control token file (0600)")
+    blue_green_port: int | None = Field(
+        default=None, gt=0, lt=65536, description="second local port for the new engine (blue/green)"
+    )
+    device: Literal["cpu", "gpu"] = Field(default="gpu", description="where the engine runs (the blue/green fit)")
+    spare_gpu: bool = Field(default=False, description="a free GPU can hold the new engine beside the old one")
+    max_hold_s: float = Field(default=120.0, gt=0, description="longest a request is held; then 503 + Retry-After")
+    max_held_requests: int = Field(default=1000, ge=1, description="held requests beyond this get a 503 at once")
+    drain_timeout_s: float = Field(default=30.0, gt=0, description="longest wait for in-flight requests to finish")
+    read_timeout_s: float = Field(default=600.0, gt=0, description="in-process tap: upstream first-byte/read timeout")
+    warmup_requests: int = Field(default=3, ge=0, description="blue/green: completions sent to the new engine first")
+    env_by_port: dict[str, dict[str, str]] = Field(
+        default_factory=dict,
+        description='blue/green: extra environment for the engine on a port, e.g. { "8002" = '
+        '{ VLLM_CPU_OMP_THREADS_BIND = "1" } } so two CPU engines do not share cores',
+    )
+
+    @field_validator("env_by_port")
+    @classmethod
+    def _ports(cls, value: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
+        bad = [k for k in value if not k.isdigit() or not 0 < int(k) < 65536]
+        if bad:
+            raise ValueError(f"env_by_port keys must be port numbers but got {bad}")
+        return value
+
+    _http = field_validator("engine_url", "control_url")(EngineSection._http.__func__)  # type: ignore[attr-defined]
+
+    @model_validator(mode="after")
+    def _one_tap(self) -> FrontDoorSection:
+        if (self.listen is None) == (self.control_url is None):
+            raise ValueError("set exactly one of listen (a tap inside the sidecar) or control_url (a separate tap)")
+        if self.control_url is not None and self.control_token_file is None:
+            raise ValueError(
+                "control_url needs control_token_file (the file given to `spectuner tap --control-token-file`)"
+            )
+        return self
+
+
 class ActuatorSection(_Section):
     kind: Literal["restart", "command", "webhook", "live", "none"] = "none"
+    strategy: Literal["auto", "blue_green", "drain_hold", "restart"] = Field(
+        default="auto",
+        description="how a restart apply spares clients: auto = blue_green when a second engine fits, else "
+        "drain_hold (both need [actuator.front_door]); without a front door, a plain restart",
+    )
+    front_door: FrontDoorSection | None = None
     restart: RestartActuatorSection | None = None
     command: CommandActuatorSection | None = None
     webhook: WebhookActuatorSection | None = None
@@ -116,6 +181,10 @@ class ActuatorSection(_Section):
     def _table_for_kind(self) -> ActuatorSection:
         if self.kind != "none" and getattr(self, self.kind) is None:
             raise ValueError(f"kind is {self.kind!r} but there is no [actuator.{self.kind}] table; add one")
+        if self.strategy in ("blue_green", "drain_hold") and self.front_door is None:
+            raise ValueError(f"strategy is {self.strategy!r} but there is no [actuator.front_door] table; add one")
+        if self.strategy == "blue_green" and self.front_door is not None and self.front_door.blue_green_port is None:
+            raise ValueError("strategy is 'blue_green' but actuator.front_door.blue_green_port is not set")
         live = self.live if self.kind == "live" else None
         if live is not None and live.fallback != "none" and getattr(self, live.fallback) is None:
             raise ValueError(
@@ -167,7 +236,7 @@ class SpeculativeSection(_Section):
 
     method: str = Field(description="draft_model, eagle, eagle3, ngram, suffix, off ...")
     model: str | None = Field(default=None, description="draft model path or name (not for ngram/suffix/off)")
-    num_speculative_tokens: int = Field(ge=0, le=64)
+    num_speculative_tokens: int = Field(ge=0, le=K_LIMIT)
     extra: dict[str, Any] = Field(default_factory=dict, description="more keys passed to vLLM as they are")
 
     @model_validator(mode="after")
@@ -196,7 +265,7 @@ class StepCostSection(_Section):
 
 
 class PolicySection(_Section):
-    k_max: int = Field(default=8, ge=0, le=64, description="largest K the controller may choose")
+    k_max: int = Field(default=8, ge=0, le=K_LIMIT, description="largest K the controller may choose")
     cost_ratio: float = Field(default=0.05, gt=0, lt=10, description="draft step / target step (c)")
     evidence_window_s: float = Field(default=300.0, gt=0, description="how far back a decision looks")
     load_horizon_s: float = Field(
@@ -214,7 +283,9 @@ class PolicySection(_Section):
         description="choose vLLM's per-batch-size K table (K per load) instead of one K; "
         "the engine then runs at K = k_max and the table picks K per step",
     )
-    max_batch_size: int = Field(default=16, ge=1, le=4096, description="the table's last row (vLLM --max-num-seqs)")
+    max_batch_size: int = Field(
+        default=16, ge=1, le=BATCH_SIZE_LIMIT, description="the table's last row (vLLM --max-num-seqs)"
+    )
     target_params: int | None = Field(default=None, gt=0, description="target parameters (cost ratio of drafts)")
     step_cost: StepCostSection | None = Field(
         default=None,
@@ -423,9 +494,11 @@ def load_config(path: str | Path) -> SpectunerConfig:
     """Read and validate a TOML file. Raises :class:`ConfigError` (missing file, bad TOML, bad keys)."""
     p = Path(path)
     try:
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(str(p), ["file not found; write one (see docs/spectuner.example.toml)"]) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(str(p), [f"not UTF-8 text (byte {exc.start}): is this the TOML config?"]) from None
     except OSError as exc:
         raise ConfigError(str(p), [f"cannot read the file: {exc}"]) from None
     try:

@@ -15,8 +15,9 @@ import threading
 import time
 import tomllib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import httpx
 from rich.console import Console
@@ -26,6 +27,7 @@ from policies.acceptance import alpha_of_windows
 from tuner.config import parse_config
 from tuner.controller.audit import TickResult
 from tuner.daemon import Daemon
+from tuner.engine.process import free_port
 from tuner.lab.closed_loop import LoopSettings, lab_daemon_config
 from tuner.lab.models import build_models
 from tuner.lab.prompts import HARD, PREDICTABLE
@@ -62,6 +64,41 @@ class DemoResult:
     swaps: int
     elapsed_s: float
     printed: list[str] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)  # apply events with their client impact
+
+    def summary(self) -> dict[str, Any]:
+        """What ``spectuner demo --json`` prints: phases (client side) and changes (audit log)."""
+        return {
+            "startup_s": self.startup_s,
+            "elapsed_s": self.elapsed_s,
+            "swaps": self.swaps,
+            "changes_applied": self.changes,
+            "phases": [
+                {
+                    "phase": p.phase,
+                    "duration_s": p.duration_s,
+                    "requests": len(p.completions),
+                    "errors": p.errors,
+                    "tokens_per_s": p.tokens_per_s,
+                    "p50_s": p.latency_quantile(0.5),
+                    "p99_s": p.latency_quantile(0.99),
+                }
+                for p in self.phases
+            ],
+            "changes": [
+                {
+                    "id": d.id,
+                    "at": d.decision.created_at.isoformat(),
+                    "reason": d.decision.reason,
+                    "status": d.status,
+                    "predicted_gain": d.decision.predicted_gain,
+                    "realized_gain": d.realized_gain,
+                    "message": d.status_message or d.decision.message,
+                }
+                for d in self.decisions
+            ],
+            "apply_events": self.events,
+        }
 
 
 def _fmt(v: float | None, spec: str) -> str:
@@ -138,6 +175,7 @@ def run_demo(
     db_path: Path | None = None,
     status_every_s: float = 10.0,
     on_started: Callable[[LabServer], None] | None = None,
+    front_door: bool = True,
 ) -> DemoResult:
     console = console or Console(width=None if sys.stdout.isatty() else 140)
     t_begin = time.monotonic()
@@ -151,6 +189,11 @@ def run_demo(
     db_url = f"sqlite:///{db_path}"
     upgrade(db_url)
     server = LabServer(draft=settings.start_draft, k=settings.start_k, models_dir=models_dir)
+    if front_door and settings.front_door_port is None:
+        # Clients go through the tap inside the daemon; the default strategy (auto) then changes the
+        # engine blue/green on the CPU lab (a second engine fits), so no client sees the swap.
+        settings = replace(settings, front_door_port=free_port(), blue_green_port=free_port())
+    client_url = f"http://127.0.0.1:{settings.front_door_port}" if settings.front_door_port else server.base_url
     config = parse_config(tomllib.loads(lab_daemon_config(server, db_url, settings)), base_dir=server.workdir)
     assert server.workdir is not None
     server.workdir.mkdir(parents=True, exist_ok=True)
@@ -163,6 +206,11 @@ def run_demo(
         f"spectuner daemon (auto mode) starting vLLM with the [bold]{settings.start_draft}[/] draft at "
         f"K={settings.start_k} on {server.base_url}; candidates: {', '.join(settings.candidates)}; "
         f"engine log {server.log_path}"
+        + (
+            f"; clients connect to the front door {client_url} (strategy {settings.strategy})"
+            if settings.front_door_port
+            else ""
+        )
     )
     errors: list[BaseException] = []
 
@@ -174,10 +222,10 @@ def run_demo(
 
     thread = threading.Thread(target=run_daemon, name="spectuner-daemon", daemon=True)
     thread.start()
-    load = BackgroundLoad(server.base_url, server.model_name, max_tokens=48)
+    load = BackgroundLoad(client_url, server.model_name, max_tokens=48)
     startup_s = 0.0
     try:
-        while not _engine_up(f"{server.base_url}/health"):
+        while not _engine_up(f"{client_url}/health"):
             if errors or not thread.is_alive():
                 raise RuntimeError(f"the daemon stopped before the engine came up: {errors[0] if errors else '?'}")
             time.sleep(0.5)
@@ -210,12 +258,19 @@ def run_demo(
         d for d in store.decisions() if d.decision.action == "change" and d.decision.status != DecisionStatus.BLOCKED
     ]
     applied = [d for d in decisions if d.status in (DecisionStatus.APPLIED, DecisionStatus.VERIFIED, "rolled_back")]
-    swaps = sum(1 for d in applied if d.decision.reason in ("swap_draft", "fallback_ngram"))
+    # a swap is a draft that came up and served (its draft_swapped event), not a decision whose new
+    # engine never started and was rolled back
+    swaps = sum(1 for e in store.events() if e.kind == "draft_swapped")
     _print_summary(console, stats, store, startup_s)
+    apply_events = [
+        {"kind": e.kind, "at": e.ts.isoformat(), **{k: v for k, v in e.data.items() if k != "detail"}}
+        for e in store.events()
+        if isinstance(e.data, dict) and "strategy" in e.data
+    ]
     store.close()
     elapsed = time.monotonic() - t_begin
     console.print(f"whole demo {elapsed:.0f} s; audit log and windows in {db_url}")
-    return DemoResult(startup_s, stats, decisions, len(applied), swaps, elapsed)
+    return DemoResult(startup_s, stats, decisions, len(applied), swaps, elapsed, events=apply_events)
 
 
 def _print_summary(console: Console, stats: Sequence[PhaseStats], store: Store, startup_s: float) -> None:

@@ -14,8 +14,10 @@ from collectors.step_ingest import StepFeed, StepIngestServer
 from collectors.vllm_plugin.client import ControlClient
 from collectors.vllm_plugin.wire import STEPS_PATH
 from policies.draft_choice import DraftCandidate
-from tuner.actuators import Actuator, CommandActuator, NullActuator, RestartActuator, WebhookActuator
-from tuner.actuators.live import LiveActuator, load_or_create_token, plugin_env
+from tuner.actuators import Actuator, CommandActuator, NullActuator, WebhookActuator
+from tuner.actuators.front_door import FrontDoorError
+from tuner.actuators.live import LiveActuator, plugin_env, shared_plugin_token
+from tuner.actuators.strategy import build_restart_strategy
 from tuner.config import SpectunerConfig
 from tuner.controller.candidates import build_candidate
 from tuner.controller.drafts import registered_drafts
@@ -42,17 +44,18 @@ def _sidecar_starts_engine(config: SpectunerConfig) -> bool:
 
 
 def plugin_token(config: SpectunerConfig) -> str | None:
-    """The shared plugin token (``[plugin] token_file``), created when the sidecar starts the engine."""
+    """The shared plugin token (``[plugin] token_file``): mandatory whenever the ingest listens or the
+    control channel is used; created 0600 when absent (``shared_plugin_token``)."""
     p = config.plugin
-    if not (p.ingest_listen or p.control_address):
-        return None
-    path = config.resolve(p.token_file)
     try:
-        return load_or_create_token(path, create=_sidecar_starts_engine(config))
+        return shared_plugin_token(
+            config.resolve(p.token_file),
+            ingest=bool(p.ingest_listen),
+            control=bool(p.control_address),
+            sidecar_starts_engine=_sidecar_starts_engine(config),
+        )
     except ValueError as exc:
-        if p.control_address:
-            raise DaemonStartError(f"[plugin] control_address needs a token: {exc}") from None
-        return None  # ingest only: loopback without a token
+        raise DaemonStartError(f"[plugin] needs a token: {exc}") from None
 
 
 def engine_plugin_env(config: SpectunerConfig) -> dict[str, str]:
@@ -78,8 +81,9 @@ def build_step_ingest(config: SpectunerConfig, sink: RecordSink, feed: StepFeed)
         metrics_url(config.engine.metrics_url),
         host="127.0.0.1" if host == "localhost" else host,
         port=int(port),
-        token=plugin_token(config),
+        token=plugin_token(config) or "",  # never empty while ingest listens (shared_plugin_token)
         feed=feed,
+        max_batch_size=config.policy.max_batch_size,
     )
 
 
@@ -96,15 +100,17 @@ def build_actuator(config: SpectunerConfig, feed: StepFeed | None = None, kind: 
             min_evidence_steps=a.live.min_evidence_steps,
         )
     if kind == "restart" and a.restart is not None:
-        return RestartActuator(
-            a.restart.argv,
-            health_url_for(config),
-            config.resolve(a.restart.log_path),
-            startup_timeout_s=a.restart.startup_timeout_s,
-            shutdown_timeout_s=a.restart.shutdown_timeout_s,
-            pass_shutdown_timeout=a.restart.pass_shutdown_timeout,
-            env={**a.restart.env, **engine_plugin_env(config)},
-        )
+        # [actuator] strategy: plain restart, or drain-and-hold / blue-green behind the front door.
+        try:
+            return build_restart_strategy(
+                a,
+                health_url_for(config),
+                config.resolve(a.restart.log_path),
+                env={**a.restart.env, **engine_plugin_env(config)},
+                resolve=config.resolve,
+            )
+        except FrontDoorError as exc:  # its listen port is taken, its token file unusable...
+            raise DaemonStartError(f"[actuator.front_door]: {exc}") from None
     if kind == "command" and a.command is not None:
         return CommandActuator(a.command.argv, a.command.timeout_s)
     if kind == "webhook" and a.webhook is not None:

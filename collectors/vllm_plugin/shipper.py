@@ -53,7 +53,9 @@ class Shipper:
         queue_max: int = 20_000,
         batch_max: int = 512,
         flush_interval_s: float = 0.25,
-        timeout_s: float = 2.0,
+        # Generous: the sidecar answers once the batch is queued, but on a starved host (2 cores under
+        # load) even that can take seconds, and a batch without an answer is only "unconfirmed".
+        timeout_s: float = 10.0,
         max_backoff_s: float = 5.0,
     ) -> None:
         parsed = urllib.parse.urlsplit(url)
@@ -132,12 +134,17 @@ class Shipper:
         self._close_conn()
 
     def flush(self, timeout_s: float = 5.0) -> bool:
-        """Wait until the queue is empty (tests, shutdown); False on timeout."""
+        """Wait until every record submitted so far has an outcome — sent, dropped or unconfirmed —
+        not merely left the queue (a batch in flight has neither); False on timeout."""
         deadline = time.monotonic() + timeout_s
         self._wake.set()
-        while self._queue and time.monotonic() < deadline:
+        while not self._settled() and time.monotonic() < deadline:
             time.sleep(0.01)
-        return not self._queue
+        return self._settled()
+
+    def _settled(self) -> bool:
+        done = self._sent + self._dropped_full + self._dropped_failed + self._unconfirmed
+        return not self._queue and done >= self._submitted
 
     # -- the shipping thread ---------------------------------------------------------------------
     def _run(self) -> None:

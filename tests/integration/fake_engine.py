@@ -17,6 +17,7 @@ Run: ``python tests/integration/fake_engine.py --port P [--speculative-config '{
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import sys
@@ -108,7 +109,22 @@ def main(argv: list[str]) -> int:
     async def info(request: Request) -> JSONResponse:
         return JSONResponse({"speculative_config": config, "pid": os.getpid()})
 
-    app = Starlette(routes=[Route("/health", health), Route("/metrics", metrics), Route("/info", info)])
+    async def models(request: Request) -> JSONResponse:
+        return JSONResponse({"object": "list", "data": [{"id": args.model_name, "object": "model"}]})
+
+    async def completions(request: Request) -> JSONResponse:
+        # A deterministic answer that takes a while, so a drain has something in flight to wait for.
+        body = await request.json()
+        await asyncio.sleep(float(body.get("delay_s", 0.2)))
+        text = " ".join(f"t{i}" for i in range(int(body.get("max_tokens", 4))))
+        return JSONResponse({"choices": [{"index": 0, "text": text}], "pid": os.getpid()})
+
+    app = Starlette(
+        routes=[
+            Route("/health", health), Route("/metrics", metrics), Route("/info", info), Route("/v1/models", models),
+            Route("/v1/completions", completions, methods=["POST"]),
+        ]
+    )
     print(f"fake engine pid {os.getpid()} serving config {config}", flush=True)
     uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")
     return 0

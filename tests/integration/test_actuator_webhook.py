@@ -25,12 +25,20 @@ class Orchestrator(BaseHTTPRequestHandler):
         Orchestrator.received.append((self.path, body))
         if self.path == "/slow":
             time.sleep(3)
+        if self.path.startswith("/hooks/"):  # an orchestrator whose error page echoes the URL it was called on
+            ok = "/ok" in self.path
+            answer_echo = {"ok": ok, "message": f"bad request to {self.path}"}
+            self._send(200 if ok else 503, answer_echo)
+            return
         status, answer = {
             "/ok": (200, {"ok": True}),
             "/slow": (200, {"ok": True}),
             "/fail": (503, {"error": "overloaded"}),
             "/refuse": (200, {"ok": False, "message": "canary failed"}),
         }[self.path]
+        self._send(status, answer)
+
+    def _send(self, status: int, answer: dict) -> None:
         data = json.dumps(answer).encode()
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # /slow: the client gave up
             self.send_response(status)
@@ -87,3 +95,23 @@ def test_unreachable() -> None:
 
     result = WebhookActuator(f"http://127.0.0.1:{free_port()}/x", timeout_s=2).apply(CFG)
     assert result.status is ApplyStatus.FAILED and "cannot reach" in result.message
+
+
+@pytest.mark.parametrize("outcome", ["ok", "fail", "unreachable"])
+def test_the_url_secret_never_reaches_messages_details_or_logs(
+    server: str, outcome: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    from tuner.engine.process import free_port
+
+    secrets = ("T0SECRETPATHTOKEN", "QUERYSECRETVALUE", "hunter2pass")
+    base = server if outcome != "unreachable" else f"http://127.0.0.1:{free_port()}"
+    base = base.replace("http://", "http://ops:hunter2pass@")
+    url = f"{base}/hooks/T0SECRETPATHTOKEN/{outcome}?api_key=QUERYSECRETVALUE"
+    caplog.set_level("DEBUG", logger="tuner")  # httpx's own request log is WARNING-only in the CLI
+    act = WebhookActuator(url, timeout_s=5)
+    result = act.apply(CFG)
+    assert result.status is (ApplyStatus.APPLIED if outcome == "ok" else ApplyStatus.FAILED)
+    shown = " ".join([result.message, result.detail or "", json.dumps(result.event_data()), caplog.text])
+    assert "/hooks/" in url and "webhook http://ops:***@127.0.0.1" in result.message
+    for secret in secrets:
+        assert secret not in shown, (secret, shown)

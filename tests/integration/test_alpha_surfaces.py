@@ -164,3 +164,45 @@ def test_every_surface_reports_the_controllers_alpha_of_a_table(db_url: str) -> 
     ]
     assert "K/step=2.0" in line
     assert float(match.group(1)) == pytest.approx(expected.alpha, abs=0.02)  # the same α, one window's worth
+
+
+def test_after_a_draft_swap_every_surface_reads_the_config_in_force(db_url: str) -> None:
+    """Windows of two drafts inside the look-back: the controller, ``status`` and the exporters all report
+    the α̂ of the draft now in force (the swap must not pool two drafts' acceptance)."""
+    weak = SpecConfig("draft_model", "/drafts/weak", 3)
+    good = SpecConfig("draft_model", "/drafts/good", 3)
+    swap_at = T0 + timedelta(seconds=600)
+    wins = [
+        WindowRecord(
+            key=KEY,
+            start=T0 + timedelta(seconds=10 + 60 * i),
+            end=T0 + timedelta(seconds=70 + 60 * i),
+            spec=counters(3, 2000, 0.3 if i < 9 else 0.9, wobble=i),
+            generation_tokens=6000.0,
+        )
+        for i in range(20)
+    ]
+    now = wins[-1].end + timedelta(seconds=1)
+    after = [w.spec for w in wins if w.start >= swap_at and w.spec is not None]
+    expected = alpha_of_windows(after, CONFIDENCE)
+    pooled = alpha_of_windows([w.spec for w in wins if w.spec is not None], CONFIDENCE)
+    assert expected.alpha is not None and pooled.alpha is not None and abs(expected.alpha - pooled.alpha) > 0.1
+    look_back_s = (now - T0).total_seconds() + 60
+    with Store(db_url) as store:
+        store.record_config(KEY, EngineConfigRecord.of(weak, T0, AppliedBy.STARTUP))
+        store.record_config(KEY, EngineConfigRecord.of(good, swap_at, AppliedBy.RESTART))
+        store.write_windows(wins)
+        stored = store.current_config(KEY)
+        assert stored is not None and stored.config.spec == good
+        controller = measure(store, [KEY], stored, now, look_back_s, CONFIDENCE).alpha
+        [engine] = status_gather(store, now, look_back_s, 3600.0, URL)["engines"]
+        source = StoreSource(store, metrics_url=URL, window_s=look_back_s, confidence=CONFIDENCE)
+        [(engine_id, key)] = source.engines()
+        gauges = {
+            s.name: s.value
+            for s in engine_samples(source.snapshot(engine_id, key, [engine_id], now), cost_ratio=0.05)
+        }
+    assert controller.alpha == pytest.approx(expected.alpha)
+    assert engine["window"]["alpha"] == pytest.approx(expected.alpha)
+    assert gauges["spectuner_alpha"] == pytest.approx(expected.alpha)
+    assert engine["window"]["windows"] == 20  # throughput still covers every window of the look-back

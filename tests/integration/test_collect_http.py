@@ -30,6 +30,7 @@ from collectors.scrape import Collector, metrics_url
 from tests.fakes import FakeClock
 from tuner.cli.main import app
 from tuner.store import Store, upgrade
+from tuner.store.url import sqlite_path
 
 DATA = Path(__file__).parents[1] / "data"
 PAGE_A = (DATA / "synthetic_dp2_k3_a.prom").read_text()
@@ -494,3 +495,40 @@ def test_kill_9_mid_collection_leaves_a_consistent_database(
         resets = sum(w.reset for w in windows)
         assert resets >= 1
         assert len(store.events(kind="counter_reset")) in (resets, resets - 1, resets - 2)
+
+
+def test_collect_never_logs_or_stores_the_urls_password(
+    page_server: tuple[PageServer, str], db_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    state, url = page_server
+    state.script = [Reply(page=PAGE_A), Reply(page=PAGE_B)]
+    with_password = url.replace("http://", "http://scraper:hunter2secret@") + "?api_key=querysecret99"
+    caplog.set_level("DEBUG", logger="collectors")
+    result = CliRunner().invoke(
+        app, ["collect", "--url", with_password, "--db", db_url, "--once", "--interval-s", "0.2", "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    with Store(db_url) as store:
+        urls = {key.url for _, key, _ in store.engines()}
+        events = [e.message for e in store.events()]
+    assert urls == {"http://scraper:***@" + url.removeprefix("http://") + "?api_key=***"}
+    for text in [result.output, caplog.text, *urls, *events]:
+        assert "hunter2secret" not in text and "querysecret99" not in text
+    path = sqlite_path(db_url)
+    if path is not None:  # nothing anywhere in the file, WAL included
+        for f in (path, path.with_name(path.name + "-wal")):
+            if f.exists():
+                assert b"hunter2secret" not in f.read_bytes() and b"querysecret99" not in f.read_bytes()
+
+
+def test_collect_max_body_bytes_is_the_flag_its_error_names(page_server: tuple[PageServer, str], db_url: str) -> None:
+    state, url = page_server
+    state.script = [Reply(page=PAGE_A)]
+    small = CliRunner().invoke(
+        app, ["collect", "--url", url, "--db", db_url, "--once", "--interval-s", "0.1", "--max-body-bytes", "100"]
+    )
+    assert small.exit_code == 1 and "--max-body-bytes" in small.stderr
+    big = CliRunner().invoke(
+        app, ["collect", "--url", url, "--db", db_url, "--once", "--interval-s", "0.1", "--max-body-bytes", "10000000"]
+    )
+    assert big.exit_code == 0, big.output

@@ -17,12 +17,12 @@ from policies.spec_config import SpecConfig
 from policies.step_cost import StepCostModel
 from tests.fakes import FakeClock
 from tuner.actuators.base import Actuator, ApplyResult, ApplyStatus, config_fingerprint
-from tuner.actuators.base import SpecConfig as VllmConfig
+from tuner.actuators.base import VllmSpec as VllmConfig
 from tuner.config import ControllerSection, GuardrailsSection, Mode, PolicySection, StepCostSection
 from tuner.controller import manual
 from tuner.controller.apply import apply_config
 from tuner.controller.audit import CHANGE
-from tuner.controller.controller import SUPERSEDED, Controller
+from tuner.controller.controller import REJECTED, SUPERSEDED, Controller
 from tuner.controller.evidence import LoadProfile
 from tuner.controller.settings import ControllerSettings, PolicySettings
 from tuner.store import AppliedBy, DecisionRecord, DecisionStatus, EngineConfigRecord, Store
@@ -331,6 +331,36 @@ def test_only_the_newest_pending_override_is_applied_the_older_superseded(db_url
             ctl.decide(clock.advance(60))
         assert act.applied == [ngram5]
         assert store.decision(older).status == SUPERSEDED
+
+
+def test_an_override_the_daemons_config_refuses_is_rejected_and_audited(db_url: str) -> None:
+    """Overrides are re-validated before they are applied (a row may come from an older CLI, another
+    config or a hand edit): K above the daemon's K_max, an unknown vLLM key, a draft that is no candidate
+    are each rejected with the reason in the row and an event, and nothing reaches the actuator. The
+    running draft at another K is a valid override and is applied."""
+    with Store(db_url) as store:
+        clock = FakeClock(T0)
+        act = FakeActuator(K2, clock)
+        ctl = controller(store, act, clock, mode=Mode.ADVISORY)
+        store.record_config(KEY, config_record(K2, T0, AppliedBy.STARTUP))
+        clock.now = write_windows(store, T0, 3, k=2, rate=100.0)
+        refused = {
+            "K above K_max": ({**K2, "num_speculative_tokens": 1000}, "above"),
+            "unknown key": ({**K2, "evil": 1}, "unknown key"),
+            "not a candidate": ({**K2, "model": "/drafts/elsewhere"}, "not a candidate"),
+        }
+        for config, why in refused.values():
+            order = manual.request_override(store, clock.now, config, engine=KEY)
+            result = ctl.decide(clock.advance(60))
+            assert result.action != "applied" and act.applied == []
+            row = store.decision(order)
+            assert row.status == REJECTED == "rejected" and why in (row.status_message or ""), row.status_message
+            events = store.events(T0, clock.now + timedelta(seconds=1), kind="override_rejected")
+            assert any(e.data.get("decision_id") == order for e in events)
+        valid = {**K2, "num_speculative_tokens": 4}
+        order = manual.request_override(store, clock.now, valid, engine=KEY)
+        assert ctl.decide(clock.advance(60)).action == "applied"
+        assert act.applied == [valid] and store.decision(order).status == DecisionStatus.APPLIED
 
 
 def test_restart_safe_state_and_recovery(world: tuple[Store, FakeClock, FakeActuator]) -> None:

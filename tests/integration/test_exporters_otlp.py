@@ -4,6 +4,7 @@ an apply span under it."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -117,3 +118,29 @@ def test_a_span_per_decision_and_per_apply(sqlite_store: Store, receiver: OtlpRe
     assert child.parent_span_id == applied.span_id and child.trace_id == applied.trace_id
     failed = next(s for s in by_name["spectuner.apply"] if attrs(s)["spectuner.outcome"] == "failed")
     assert failed.status.code == 2  # STATUS_CODE_ERROR
+
+
+def test_a_down_endpoint_is_logged_once_not_every_export(caplog: pytest.LogCaptureFixture) -> None:
+    import socket
+    import time
+
+    from tuner.exporters.otel import OtlpMetricsExporter
+    from tuner.exporters.settings import OtlpSection
+    from tuner.exporters.values import METRICS, Sample
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    settings = OtlpSection(enabled=True, endpoint=f"http://127.0.0.1:{port}", interval_s=0.2, timeout_s=0.3)
+    caplog.set_level(logging.WARNING, logger="opentelemetry")
+    exporter = OtlpMetricsExporter(lambda: [Sample(next(iter(METRICS)), (), 1.0)], settings)
+    try:
+        deadline = time.monotonic() + 30
+        while not caplog.records and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(3)  # a dozen more failed exports
+    finally:
+        exporter.shutdown()
+    failures = [r for r in caplog.records if r.name.startswith("opentelemetry")]
+    assert len(failures) == 1, [r.getMessage() for r in failures]
+    assert f"OTLP export to http://127.0.0.1:{port}" in failures[0].getMessage()

@@ -109,3 +109,39 @@ def test_the_installed_command_runs(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["to"] == head_revision()
+
+
+def test_a_downgrade_that_loses_rows_says_what_and_asks(db_url: str) -> None:
+    from datetime import UTC, datetime
+
+    from tuner.controller import manual
+    from tuner.store import Store
+
+    with Store(db_url) as store:
+        manual.pause(store, datetime.now(UTC), by="ops", note="keep me")
+    refused = runner.invoke(app, ["db", "downgrade", "base", "--db", db_url])
+    assert refused.exit_code == 2, refused.output
+    assert "decisions (1 rows)" in refused.stderr and "Back it up first" in refused.stderr
+    assert current_revision(db_url) == head_revision()  # nothing dropped
+    with Store(db_url) as store:
+        assert manual.active_pauses(store)
+    done = runner.invoke(app, ["db", "downgrade", "base", "--yes", "--db", db_url])
+    assert done.exit_code == 0, done.output
+    assert current_revision(db_url) is None
+
+
+def test_upgrade_refuses_another_applications_database(empty_db_url: str) -> None:
+    from sqlalchemy import text
+
+    from tuner.store.connect import make_engine
+
+    engine = make_engine(empty_db_url)
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE invoices (id INTEGER PRIMARY KEY, amount INTEGER)"))
+    engine.dispose()
+    code, out = db("upgrade", "--db", empty_db_url)
+    assert code == 2 and "invoices" in out and "--allow-foreign-tables" in out
+    assert current_revision(empty_db_url) is None
+    code, out = db("upgrade", "--allow-foreign-tables", "--db", empty_db_url)
+    assert code == 0, out
+    assert current_revision(empty_db_url) == head_revision()

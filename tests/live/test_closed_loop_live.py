@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -43,7 +44,7 @@ from tuner.engine.process import group_alive
 from tuner.lab.closed_loop import LoopSettings, lab_daemon_config
 from tuner.lab.models import Manifest
 from tuner.lab.prompts import HARD, PREDICTABLE
-from tuner.lab.serve import LabServer
+from tuner.lab.serve import LabServer, speculative_config
 from tuner.lab.workload import BackgroundLoad
 from tuner.store import DecisionStatus, Store, StoredDecision, upgrade
 
@@ -116,9 +117,17 @@ def test_weak_draft_failed_candidate_crash_swap_and_table(lab_models: Manifest, 
     assert server.workdir is not None
     server.workdir.mkdir(parents=True)
     server.tmp_dir.mkdir(parents=True, exist_ok=True)
+    # A candidate whose directory exists (the sidecar's start checks refuse a missing path up front) but
+    # holds no loadable model: its weights file is garbage, so the engine fails to start with it.
+    broken = tmp_path / "broken-draft"
+    weak_model = speculative_config(lab_models, "weak", 3)
+    assert weak_model is not None
+    shutil.copytree(weak_model["model"], broken)
+    for weights in broken.glob("*.safetensors"):
+        weights.write_bytes(b"not a safetensors file")
     settings = LoopSettings(
         candidates=("good",),
-        broken_candidate=str(tmp_path / "no-such-draft"),
+        broken_candidate=str(broken),
         per_batch_size=True,
         k_max=3,
         swap_duration_s=30.0,
@@ -143,7 +152,7 @@ def test_weak_draft_failed_candidate_crash_swap_and_table(lab_models: Manifest, 
             # 2. the broken candidate is tried first and fails to start
             def broken_failed() -> StoredDecision | None:
                 for d in store.decisions(status=DecisionStatus.APPLYING):
-                    if "no-such-draft" in str(d.decision.proposed_config) and (d.status_message or "").startswith(
+                    if "broken-draft" in str(d.decision.proposed_config) and (d.status_message or "").startswith(
                         "start_failed"
                     ):
                         return d
@@ -181,7 +190,7 @@ def test_weak_draft_failed_candidate_crash_swap_and_table(lab_models: Manifest, 
             assert swap.decision.predicted_gain is not None and swap.decision.predicted_gain > 1.03
             table = swap.decision.proposed_config["num_speculative_tokens_per_batch_size"]
             assert table[0][2] >= 1 and table[-1][2] <= table[0][2], table  # drafts alone, no more at 16
-            assert not any("no-such-draft" in str(d.decision.proposed_config) for d in changes(store)[1:])
+            assert not any("broken-draft" in str(d.decision.proposed_config) for d in changes(store)[1:])
             wait_for("the engine (good)", lambda: healthy(server.base_url), 60, proc, log)
 
             # 5. (d) stationary 1 stream: nothing changes; (b) 1 → 16 → 1 with the table in force

@@ -34,7 +34,7 @@ from collectors.step_ingest import StepFeed, StepIngestServer, drafted_k
 from collectors.vllm_plugin import env
 from collectors.vllm_plugin.client import ControlClient, ControlError
 from tests.live.conftest import MODELS_DIR
-from tuner.actuators.base import Actuator, ApplyResult, ApplyStatus, SpecConfig
+from tuner.actuators.base import Actuator, ApplyResult, ApplyStatus, VllmSpec
 from tuner.actuators.live import LiveActuator, LiveApplyResult
 from tuner.lab.load import run_load
 from tuner.lab.models import Manifest
@@ -140,7 +140,7 @@ class Tripwire(Actuator):
 
     kind = "restart"
 
-    def apply(self, config: SpecConfig) -> ApplyResult:
+    def apply(self, config: VllmSpec) -> ApplyResult:
         raise AssertionError(f"the live actuator fell back to a restart for {config}")
 
 
@@ -153,7 +153,7 @@ def greedy_outputs(rig: Rig) -> list[str]:
 
 
 def live_change(
-    rig: Rig, actuator: LiveActuator, config: SpecConfig, k: int, streams: int
+    rig: Rig, actuator: LiveActuator, config: VllmSpec, k: int, streams: int
 ) -> tuple[LiveApplyResult, list[str]]:
     """Apply ``config`` (drafting ``k`` at the batch sizes greedy_outputs runs) through the live
     actuator under ``streams`` of steady traffic, so the change shows in the step stream at once;

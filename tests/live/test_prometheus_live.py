@@ -3,9 +3,12 @@ real sidecar (``spectuner run`` with its Prometheus exporter, advisory, no actua
 engine, evaluates dashboards/alerts.yml, and EVERY query of dashboards/spectuner.json — panels,
 annotations, template variables — returns data.
 
-The sidecar's database starts with some history (an earlier verified change and a collector failure),
-as a sidecar that has run for a while has; during the test an operator pauses the controller, which
-is the decision the dashboard's annotation must show.
+The sidecar's database starts with some history (an earlier verified change, a collector failure, and
+the tap's request records of long contexts on which the draft's acceptance collapsed), as a sidecar
+that has run for a while has. The test's traffic goes through a real `spectuner tap` in front of the
+engine, so the short-context band comes from live requests; against the stored long-context band it
+makes the collapse flag and the speculation cut-off. During the test an operator pauses the
+controller, which is the decision the dashboard's annotation must show.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from typing import Any
 import httpx
 import pytest
 
-from collectors.records import EngineKey, EventRecord
+from collectors.records import EngineKey, EventRecord, RequestRecord
 from tests import dashboard_queries as DQ
 from tuner.controller import manual
 from tuner.engine.process import free_port
@@ -98,6 +101,34 @@ def _seed_history(url: str, key: EngineKey, now: datetime) -> None:
                 )
             ]
         )
+        store.write_requests(_long_context_history(key.model_name, now))
+
+
+LONG_PROMPT_TOKENS = 1500  # band 1024-2048: the engine's own traffic (max_model_len 512) never reaches it
+
+
+def _long_context_history(model_name: str, now: datetime) -> list[RequestRecord]:
+    """Half an hour ago the tap stored long-context requests at K = 3 whose 100 verify steps each accepted
+    0, 1, 2 and 3 drafted tokens 80, 15, 4 and 1 times: α̂ = 26 / (26 + 99) ≈ 0.21, clearly below 0.4."""
+    steps = (0,) * 80 + (1,) * 15 + (2,) * 4 + (3,)
+    return [
+        RequestRecord(
+            ts=now - timedelta(minutes=30, seconds=i),
+            request_id=f"cmpl-history-{i}",
+            model_name=model_name,
+            prompt_tokens=LONG_PROMPT_TOKENS,
+            output_tokens=128,
+            latency_s=4.0,
+            num_spec_tokens=3,
+            num_spec_steps=100,
+            num_draft_tokens=300,
+            num_accepted_draft_tokens=26,
+            acceptance_histogram=(80, 15, 4, 1),  # 0·80 + 1·15 + 2·4 + 3·1 = 26
+            per_step_accepted=steps,
+            per_step_drafted=(3,) * len(steps),
+        )
+        for i in range(20)
+    ]
 
 
 def _sidecar_config(path: Path, engine: LabServer, manifest: Manifest, db_url: str, port: int) -> None:
@@ -132,6 +163,7 @@ evidence_window_s = 30.0
 [exporters]
 window_s = 20.0
 refresh_interval_s = 1.0
+length_refresh_s = 1.0
 
 [exporters.prometheus]
 enabled = true
@@ -172,6 +204,29 @@ def sidecar(lab_engine: LabServer, lab_models: Manifest, tmp_path: Path) -> Iter
         )
         print(f"sidecar up in {time.monotonic() - t0:.1f} s")
         yield db_url, port
+    finally:
+        _stop(proc)
+    assert proc.returncode == 0, log.read_text()[-3000:]
+
+
+@pytest.fixture
+def tap(lab_engine: LabServer, sidecar: tuple[str, int], tmp_path: Path) -> Iterator[str]:
+    """`spectuner tap` in front of the engine, storing per-request records in the sidecar's database."""
+    port = free_port()
+    log = tmp_path / "tap.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tuner.cli.main", "tap", "--upstream", lab_engine.base_url,
+             "--listen", f"127.0.0.1:{port}", "--db", sidecar[0], "--metrics-url", lab_engine.metrics_url],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=tmp_path,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait("the tap", lambda: httpx.get(f"{url}/v1/models", timeout=10).status_code == 200, 60, proc, log)
+        yield url
     finally:
         _stop(proc)
     assert proc.returncode == 0, log.read_text()[-3000:]
@@ -242,7 +297,7 @@ def _label_values(base: str, expr: str, start: float) -> list[str]:
 
 
 def test_every_dashboard_query_returns_data(
-    lab_engine: LabServer, sidecar: tuple[str, int], prometheus: str, tmp_path: Path
+    lab_engine: LabServer, sidecar: tuple[str, int], tap: str, prometheus: str, tmp_path: Path
 ) -> None:
     base = prometheus
     start = time.time()
@@ -254,9 +309,9 @@ def test_every_dashboard_query_returns_data(
 
     _wait("Prometheus to scrape the engine and the sidecar", targets_up, 20)
 
-    # Load for ~15 s while both are scraped; then an operator pauses the controller (a decision).
+    # Load for ~15 s through the tap while both are scraped; then an operator pauses the controller.
     loader = threading.Thread(
-        target=run_load, args=(lab_engine.base_url, lab_engine.model_name, PREDICTABLE), kwargs={
+        target=run_load, args=(tap, lab_engine.model_name, PREDICTABLE), kwargs={
             "concurrency": 4, "count": 48, "max_tokens": 48}, daemon=True)
     loader.start()
     time.sleep(5)
@@ -284,6 +339,17 @@ def test_every_dashboard_query_returns_data(
         time.sleep(1)
     empty = {q.where: DQ.substitute(q.expr) for q in pending}
     assert not empty, f"dashboard queries without data: {empty}"
+
+    # The live short-context band (through the tap) beside the stored long one: a collapse, a cut-off.
+    def latest(expr: str) -> dict[str, float]:
+        rows = _range(base, expr, time.time() - 5, time.time())
+        return {r["metric"].get("band", ""): float(r["values"][-1][1]) for r in rows}
+
+    by_band = _wait("the live short-context band", lambda: (b := latest("spectuner_alpha_by_context_length"))
+                    and "0-512" in b and b, 30)
+    assert by_band["0-512"] > 0.8 and by_band["1024-2048"] < 0.4, by_band
+    assert latest("spectuner_context_length_collapse") == {"": 1.0}
+    assert latest("spectuner_speculation_cutoff_context_tokens") == {"": 1024.0}
 
     for q in DQ.queries():
         if q.kind == "variable":

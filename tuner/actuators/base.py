@@ -10,11 +10,12 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-SpecConfig = dict[str, Any]  # vLLM's --speculative-config as a JSON object
+VllmSpec = dict[str, Any]  # vLLM's --speculative-config as a JSON object
 
 
-def config_fingerprint(config: SpecConfig | None) -> str:
-    """A stable text identity of a config (key order does not matter)."""
+def config_fingerprint(config: VllmSpec | None) -> str:
+    """A stable text identity of a config (key order does not matter): for a valid config the same text
+    as ``SpecConfig.from_vllm(config).fingerprint``, and defined for any JSON an engine reports."""
     return json.dumps(config, sort_keys=True, separators=(",", ":"))
 
 
@@ -29,12 +30,28 @@ class ApplyStatus(StrEnum):
 
 
 @dataclass(frozen=True)
+class ApplyImpact:
+    """What an apply cost clients, as the front door measured it (None: not measured)."""
+
+    strategy: str  # restart, drain_hold, blue_green, rolling
+    requests_held: int | None = None
+    longest_hold_s: float | None = None
+    requests_failed: int | None = None  # errors of our making: 502/503/504 from the tap, cut streams
+    drain_s: float | None = None  # waiting for in-flight requests on the old engine
+    warmup_s: float | None = None  # starting and warming the new engine while the old one served
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
 class ApplyResult:
     status: ApplyStatus
     message: str
-    config: SpecConfig | None  # what is in force afterwards, as far as the actuator knows
+    config: VllmSpec | None  # what is in force afterwards, as far as the actuator knows
     downtime_s: float | None = None  # serving gap caused by the apply, when measured
     detail: str = ""  # e.g. the tail of the failed engine's log, an orchestrator's answer
+    impact: ApplyImpact | None = None  # client impact, when the apply went through the front door
 
     @property
     def ok(self) -> bool:
@@ -42,12 +59,15 @@ class ApplyResult:
 
     def event_data(self) -> dict[str, Any]:
         """What an audit event records of this apply (the controller adds its decision id)."""
-        return {
+        data: dict[str, Any] = {
             "status": self.status.value,
             "downtime_s": self.downtime_s,
             "detail": self.detail[-1000:],
             "config": self.config,
         }
+        if self.impact is not None:
+            data.update(self.impact.as_dict())
+        return data
 
 
 class Actuator(ABC):
@@ -62,25 +82,25 @@ class Actuator(ABC):
     needs_restart: bool = True  # whether an apply interrupts serving (the switching-cost rail)
 
     def __init__(self) -> None:
-        self.current: SpecConfig | None = None  # last config known to be in force
+        self.current: VllmSpec | None = None  # last config known to be in force
         # Milestones of a long apply (e.g. "start_failed: ..."), written to the audit row as they happen
         # so a daemon killed mid-apply can tell on restart how far the apply got.
         self.progress: Callable[[str], None] = lambda note: None
 
     @abstractmethod
-    def apply(self, config: SpecConfig) -> ApplyResult: ...
+    def apply(self, config: VllmSpec) -> ApplyResult: ...
 
-    def needs_restart_for(self, config: SpecConfig) -> bool:
+    def needs_restart_for(self, config: VllmSpec) -> bool:
         """Whether applying ``config`` interrupts serving (the live actuator: only what it cannot do live)."""
         return self.needs_restart
 
-    def switching_cost_s(self, config: SpecConfig) -> float | None:
+    def switching_cost_s(self, config: VllmSpec) -> float | None:
         """Seconds of lost serving that applying ``config`` is expected to cost (what the switching-cost
         rail charges a change), or None: the controller then uses the median measured gap of this
         week's applies, else the configured ``restart_downtime_s``."""
         return None
 
-    def start(self, config: SpecConfig) -> ApplyResult:
+    def start(self, config: VllmSpec) -> ApplyResult:
         """Bring the engine up with ``config`` (actuators that do not manage an engine just remember it)."""
         self.current = dict(config)
         return ApplyResult(ApplyStatus.UNCHANGED, "the engine is managed elsewhere", self.current)
@@ -93,7 +113,7 @@ class Actuator(ABC):
         """Stop a managed engine (daemon shutdown). No-op for external orchestrators."""
         return None
 
-    def _unchanged(self, config: SpecConfig) -> ApplyResult | None:
+    def _unchanged(self, config: VllmSpec) -> ApplyResult | None:
         if self.current is not None and config_fingerprint(config) == config_fingerprint(self.current):
             return ApplyResult(ApplyStatus.UNCHANGED, "this config is already in force", self.current, 0.0)
         return None
@@ -104,7 +124,7 @@ class NullActuator(Actuator):
 
     kind = "none"
 
-    def apply(self, config: SpecConfig) -> ApplyResult:
+    def apply(self, config: VllmSpec) -> ApplyResult:
         return self._unchanged(config) or ApplyResult(
             ApplyStatus.FAILED, "no actuator is configured ([actuator] kind = 'none')", self.current
         )

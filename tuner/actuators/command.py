@@ -11,7 +11,7 @@ import subprocess
 import time
 from collections.abc import Sequence
 
-from tuner.actuators.base import Actuator, ApplyResult, ApplyStatus, SpecConfig
+from tuner.actuators.base import Actuator, ApplyResult, ApplyStatus, VllmSpec
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ class CommandActuator(Actuator):
         self.argv = list(argv)
         self.timeout_s = timeout_s
 
-    def apply(self, config: SpecConfig) -> ApplyResult:
+    def apply(self, config: VllmSpec) -> ApplyResult:
         unchanged = self._unchanged(config)
         if unchanged:
             return unchanged

@@ -32,11 +32,11 @@ from collectors.step_ingest import StepFeed, StepRecord, drafted_k
 from collectors.vllm_plugin import env as plugin_vars
 from collectors.vllm_plugin.client import ControlClient, ControlError
 from collectors.vllm_plugin.protocol import ControlState, k_for_batch
-from tuner.actuators.base import Actuator, ApplyResult, ApplyStatus, SpecConfig, config_fingerprint
+from policies.spec_config import K_KEYS, SpecConfig
+from tuner.actuators.base import Actuator, ApplyResult, ApplyStatus, VllmSpec, config_fingerprint
 
 log = logging.getLogger(__name__)
 
-K_KEYS = ("num_speculative_tokens", "num_speculative_tokens_per_batch_size")
 _OPEN_END = 1 << 16  # a plain K becomes one row [1, _OPEN_END, K]; vLLM clips rows at max_num_seqs
 
 
@@ -51,19 +51,14 @@ class LiveApplyResult(ApplyResult):
     decision_to_verified_s: float | None = None
 
 
-def effective_table(config: SpecConfig) -> list[list[int]] | None:
+def effective_table(config: VllmSpec) -> list[list[int]] | None:
     """The per-batch-size K table a config asks for (a plain K is one open-ended row); vLLM caps each
-    row's K at ``num_speculative_tokens``. None for a config without speculation."""
-    if config.get("method") in (None, "off"):
-        return None
-    k = int(config.get("num_speculative_tokens", 0) or 0)
-    table = config.get("num_speculative_tokens_per_batch_size")
-    if not table:
-        return [[1, _OPEN_END, k]]
-    return [[int(lo), int(hi), min(int(row_k), k)] for lo, hi, row_k in table]
+    row's K at the config's K (``SpecConfig.effective_table``). None for a config without speculation."""
+    rows = SpecConfig.from_vllm(config).effective_table(_OPEN_END)
+    return [list(row) for row in rows] if rows is not None else None
 
 
-def _without_k(config: SpecConfig | None) -> str:
+def _without_k(config: VllmSpec | None) -> str:
     return config_fingerprint({key: v for key, v in (config or {}).items() if key not in K_KEYS})
 
 
@@ -119,7 +114,7 @@ class LiveActuator(Actuator):
         self._engine_features: dict[str, bool] = {}
 
     # -- planning --------------------------------------------------------------------------------
-    def plan(self, config: SpecConfig) -> tuple[list[list[int]] | None, ControlState | None, str]:
+    def plan(self, config: VllmSpec) -> tuple[list[list[int]] | None, ControlState | None, str]:
         """(table, engine state, "") when ``config`` can be applied live, else (None, state?, reason)."""
         if self.current is None:
             return None, None, "the config in force is not known yet"
@@ -149,12 +144,12 @@ class LiveActuator(Actuator):
                 return None, state, f"K={row[2]} is not one the engine can run live ({state.allowed_k})"
         return table, state, ""
 
-    def needs_restart_for(self, config: SpecConfig) -> bool:
+    def needs_restart_for(self, config: VllmSpec) -> bool:
         """Whether applying ``config`` would go through the fallback (for the switching-cost rail)."""
         table, _, _ = self.plan(config)
         return table is None
 
-    def engine_config(self, config: SpecConfig, state: ControlState | None = None) -> SpecConfig:
+    def engine_config(self, config: VllmSpec, state: ControlState | None = None) -> VllmSpec:
         """What the fallback starts: the requested draft at K_max with the requested table, so the
         engine stays live-capable. Configs without speculation pass unchanged."""
         table = effective_table(config)
@@ -171,7 +166,7 @@ class LiveActuator(Actuator):
         return {**config, "num_speculative_tokens": k_max, "num_speculative_tokens_per_batch_size": rows}
 
     # -- the Actuator interface ------------------------------------------------------------------
-    def start(self, config: SpecConfig) -> ApplyResult:
+    def start(self, config: VllmSpec) -> ApplyResult:
         self.fallback.progress = self.progress
         result = self.fallback.start(self.engine_config(config))
         if result.ok:
@@ -184,7 +179,7 @@ class LiveActuator(Actuator):
     def stop(self) -> None:
         self.fallback.stop()
 
-    def apply(self, config: SpecConfig) -> ApplyResult:
+    def apply(self, config: VllmSpec) -> ApplyResult:
         unchanged = self._unchanged(config)
         if unchanged:
             return unchanged
@@ -194,7 +189,7 @@ class LiveActuator(Actuator):
         return self._apply_live(config, table, state)
 
     # -- the live path ---------------------------------------------------------------------------
-    def _apply_live(self, config: SpecConfig, table: list[list[int]], before: ControlState) -> ApplyResult:
+    def _apply_live(self, config: VllmSpec, table: list[list[int]], before: ControlState) -> ApplyResult:
         sub = self.feed.subscribe() if self.feed is not None else None
         t0, t0_wall = time.monotonic(), time.time()
         try:
@@ -316,7 +311,7 @@ class LiveActuator(Actuator):
             log.warning("live actuator: could not restore the K table %s (%s)", before.table, exc)
 
     # -- the fallback path -----------------------------------------------------------------------
-    def _fall_back(self, config: SpecConfig, state: ControlState | None, reason: str) -> ApplyResult:
+    def _fall_back(self, config: VllmSpec, state: ControlState | None, reason: str) -> ApplyResult:
         if state is None:
             try:  # best effort: the engine's K_max and max_num_seqs shape the config it restarts with
                 state = self.control.get()
@@ -328,7 +323,7 @@ class LiveActuator(Actuator):
         result = self.fallback.apply(engine_cfg)
         if result.ok:
             self.current = dict(config)
-            in_force: SpecConfig | None = self.current
+            in_force: VllmSpec | None = self.current
         elif result.status is ApplyStatus.ROLLED_BACK or result.config is not None:
             in_force = self.current  # the fallback kept (or restored) what was in force
         else:
@@ -348,14 +343,20 @@ class LiveActuator(Actuator):
 def load_or_create_token(path: Path, create: bool) -> str:
     """The shared plugin token from ``path``; with ``create``, a new random one written 0600 when the
     file does not exist (the sidecar starts the engine and hands it the same file)."""
+    if not create and not path.exists():
+        raise ValueError(
+            f"plugin token file {path} does not exist; write a random secret there and give the engine the "
+            f"same file (SPECTUNER_PLUGIN_TOKEN_FILE={path})"
+        )
+    return load_or_create_secret(path, "plugin token file", "put a random secret in it")
+
+
+def load_or_create_secret(path: Path, what: str, fix_empty: str) -> str:
+    """The secret in ``path``; a new random one written 0600 when the file does not exist. An empty
+    file is an error (``what`` and ``fix_empty`` word it): an empty secret would let anyone in."""
     try:
         token = path.read_text().strip()
     except FileNotFoundError:
-        if not create:
-            raise ValueError(
-                f"plugin token file {path} does not exist; write a random secret there and give the engine the "
-                f"same file (SPECTUNER_PLUGIN_TOKEN_FILE={path})"
-            ) from None
         path.parent.mkdir(parents=True, exist_ok=True)
         token = secrets.token_urlsafe(32)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -363,8 +364,24 @@ def load_or_create_token(path: Path, create: bool) -> str:
             f.write(token + "\n")
         return token
     if not token:
-        raise ValueError(f"plugin token file {path} is empty; put a random secret in it")
+        raise ValueError(f"{what} {path} is empty; {fix_empty}")
     return token
+
+
+def shared_plugin_token(path: Path, *, ingest: bool, control: bool, sidecar_starts_engine: bool) -> str | None:
+    """The token the plugin and the sidecar share (``[plugin] token_file``); None when neither the
+    ingest endpoint nor the control channel is configured.
+
+    The ingest endpoint always needs one: when it listens, a missing file is created (0600, a random
+    secret) for the plugin to read through ``SPECTUNER_PLUGIN_TOKEN_FILE``. The control channel alone
+    creates it only when the sidecar starts the engine. An empty or unreadable file raises ``ValueError``.
+    """
+    if not (ingest or control):
+        return None
+    try:
+        return load_or_create_token(path, create=ingest or sidecar_starts_engine)
+    except OSError as exc:
+        raise ValueError(f"cannot read or create plugin token file {path}: {exc}") from None
 
 
 def plugin_env(*, ingest_url: str | None, control_address: str | None, token_file: Path | None) -> dict[str, str]:

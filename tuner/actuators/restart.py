@@ -18,13 +18,13 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from tuner.actuators.base import START_FAILED, Actuator, ApplyResult, ApplyStatus, SpecConfig, config_fingerprint
+from tuner.actuators.base import START_FAILED, Actuator, ApplyResult, ApplyStatus, VllmSpec, config_fingerprint
 from tuner.engine.process import EngineProcess, EngineStartError, group_alive
 
 log = logging.getLogger(__name__)
 
 
-def server_argv(base_argv: Sequence[str], config: SpecConfig | None, shutdown_timeout_s: float | None) -> list[str]:
+def server_argv(base_argv: Sequence[str], config: VllmSpec | None, shutdown_timeout_s: float | None) -> list[str]:
     """The server command line for ``config`` (``method = "off"`` or None: no speculation)."""
     argv = list(base_argv)
     if shutdown_timeout_s is not None:
@@ -32,6 +32,16 @@ def server_argv(base_argv: Sequence[str], config: SpecConfig | None, shutdown_ti
     if config is not None and config.get("method") not in (None, "off"):
         argv += ["--speculative-config", json.dumps(config, sort_keys=True)]
     return argv
+
+
+def argv_option(argv: Sequence[str], name: str) -> str | None:
+    """The value of ``name`` (``--flag V`` or ``--flag=V``) on a command line, None when absent."""
+    for i, arg in enumerate(argv):
+        if arg == name and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    return None
 
 
 def _alive_reaping(pgid: int) -> bool:
@@ -83,8 +93,9 @@ class RestartActuator(Actuator):
         self.shutdown_timeout_s = shutdown_timeout_s
         self.pass_shutdown_timeout = pass_shutdown_timeout
         self.env = dict(env or {})
-        self.last_good: SpecConfig | None = None
+        self.last_good: VllmSpec | None = None
         self.process: EngineProcess | None = None
+        self.last_downtime_s: float | None = None  # the last apply's measured serving gap
         self._lock = threading.RLock()
 
     # -- process handling --------------------------------------------------------------------------
@@ -117,15 +128,14 @@ class RestartActuator(Actuator):
         self.pid_path.unlink(missing_ok=True)
         return pgid
 
-    def _launch(self, config: SpecConfig | None) -> float:
+    def _launch(self, config: VllmSpec | None) -> float:
         """Start the server with ``config`` and wait until healthy; returns seconds to healthy.
         Raises :class:`EngineStartError` (the failed process group is already stopped)."""
-        argv = server_argv(self.base_argv, config, self.shutdown_timeout_s if self.pass_shutdown_timeout else None)
         self.process = EngineProcess(
-            argv=argv,
+            argv=self._server_argv(config),
             health_url=self.health_url,
             log_path=self.log_path,
-            env=self.env,
+            env=self._server_env(),
             startup_timeout_s=self.startup_timeout_s,
             stop_timeout_s=self.shutdown_timeout_s + 10.0,
         )
@@ -136,6 +146,12 @@ class RestartActuator(Actuator):
         except EngineStartError:
             self.process = None
             raise
+
+    def _server_env(self) -> dict[str, str]:
+        return self.env
+
+    def _server_argv(self, config: VllmSpec | None) -> list[str]:
+        return server_argv(self.base_argv, config, self.shutdown_timeout_s if self.pass_shutdown_timeout else None)
 
     def _stop(self) -> None:
         if self.process is not None:
@@ -148,7 +164,7 @@ class RestartActuator(Actuator):
         return proc is not None and proc.alive() and proc.healthy()
 
     # -- the Actuator interface --------------------------------------------------------------------
-    def start(self, config: SpecConfig) -> ApplyResult:
+    def start(self, config: VllmSpec) -> ApplyResult:
         """Start the engine with ``config`` (the daemon's first config, or the one recovered from the DB)."""
         with self._lock:
             if self.healthy() and config_fingerprint(config) == config_fingerprint(self.current):
@@ -163,31 +179,42 @@ class RestartActuator(Actuator):
             self.current = self.last_good = dict(config)
             return ApplyResult(ApplyStatus.APPLIED, f"engine healthy after {waited_s:.1f} s", self.current, waited_s)
 
-    def apply(self, config: SpecConfig) -> ApplyResult:
+    def apply(self, config: VllmSpec) -> ApplyResult:
         with self._lock:
-            if self.healthy():
-                unchanged = self._unchanged(config)
-                if unchanged:
-                    return unchanged
-            t0 = time.monotonic()
-            self._stop()  # graceful: vLLM drains in-flight requests for --shutdown-timeout
-            try:
-                self._launch(config)
-            except EngineStartError as exc:
-                log.warning("restart actuator: new config failed to start (%s); restoring the last good one", exc)
-                self.progress(f"{START_FAILED}: {exc}; restoring the last good config")
-                return self._restore(config, exc, t0)
-            downtime_s = time.monotonic() - t0
-            self.current = self.last_good = dict(config)
-            log.info("restart actuator: new config healthy after %.1f s of downtime", downtime_s)
-            return ApplyResult(
-                ApplyStatus.APPLIED,
-                f"engine restarted with the new config in {downtime_s:.1f} s",
-                self.current,
-                downtime_s,
-            )
+            return self._in_force(config) or self._replace(config)
 
-    def _restore(self, failed: SpecConfig, error: EngineStartError, t0: float) -> ApplyResult:
+    def _in_force(self, config: VllmSpec) -> ApplyResult | None:
+        """UNCHANGED when the engine is up and already runs ``config`` (a dead one is restarted)."""
+        return self._unchanged(config) if self.healthy() else None
+
+    def switching_cost_s(self, config: VllmSpec) -> float | None:
+        """A plain restart costs its serving gap: the last one measured (None before any: the
+        controller then uses this week's median or ``restart_downtime_s``)."""
+        return self.last_downtime_s
+
+    def _replace(self, config: VllmSpec) -> ApplyResult:
+        """Stop the engine, start it with ``config``; restore the last good config if that fails."""
+        t0 = time.monotonic()
+        self._stop()  # graceful: vLLM drains in-flight requests for --shutdown-timeout
+        try:
+            self._launch(config)
+        except EngineStartError as exc:
+            log.warning("restart actuator: new config failed to start (%s); restoring the last good one", exc)
+            self.progress(f"{START_FAILED}: {exc}; restoring the last good config")
+            result = self._restore(config, exc, t0)
+            self.last_downtime_s = result.downtime_s
+            return result
+        downtime_s = self.last_downtime_s = time.monotonic() - t0
+        self.current = self.last_good = dict(config)
+        log.info("restart actuator: new config healthy after %.1f s of downtime", downtime_s)
+        return ApplyResult(
+            ApplyStatus.APPLIED,
+            f"engine restarted with the new config in {downtime_s:.1f} s",
+            self.current,
+            downtime_s,
+        )
+
+    def _restore(self, failed: VllmSpec, error: EngineStartError, t0: float) -> ApplyResult:
         good = self.last_good
         if good is None:
             self.current = None

@@ -10,7 +10,8 @@ from collections.abc import Mapping
 
 import httpx
 
-from tuner.actuators.base import Actuator, ApplyResult, ApplyStatus, SpecConfig
+from collectors.redact import redact_url, scrub, url_secrets
+from tuner.actuators.base import Actuator, ApplyResult, ApplyStatus, VllmSpec
 from tuner.actuators.command import answer_refusal
 
 log = logging.getLogger(__name__)
@@ -30,11 +31,15 @@ class WebhookActuator(Actuator):
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive but got {timeout_s}")
         self.url = url
+        # What messages, the audit log and alert sinks see: the path and query of a webhook URL are
+        # often its credential (hooks.example/T0/B0/XXXX, ?token=...).
+        self.shown_url = redact_url(url, hide_path=True)
+        self._secrets = url_secrets(url, path_is_secret=True)
         self.timeout_s = timeout_s
         self.headers = dict(headers or {})
         self._client = client or httpx.Client(timeout=httpx.Timeout(timeout_s))
 
-    def apply(self, config: SpecConfig) -> ApplyResult:
+    def apply(self, config: VllmSpec) -> ApplyResult:
         unchanged = self._unchanged(config)
         if unchanged:
             return unchanged
@@ -43,32 +48,40 @@ class WebhookActuator(Actuator):
         except httpx.TimeoutException:
             return ApplyResult(
                 ApplyStatus.FAILED,
-                f"webhook {self.url} did not answer within {self.timeout_s:g} s; the config may or may not be "
+                f"webhook {self.shown_url} did not answer within {self.timeout_s:g} s; the config may or may not be "
                 "in force — check the orchestrator",
                 self.current,
             )
         except httpx.HTTPError as exc:
             return ApplyResult(
                 ApplyStatus.FAILED,
-                f"cannot reach webhook {self.url}: {type(exc).__name__}: {exc}; check [actuator.webhook] url",
+                scrub(
+                    f"cannot reach webhook {self.shown_url}: {type(exc).__name__}: {exc}; check [actuator.webhook] url",
+                    self._secrets,
+                ),
                 self.current,
             )
-        body = response.text[-2000:]
+        body = scrub(response.text[-2000:], self._secrets, limit=2000)  # an error page may echo the URL
         if not response.is_success:
             return ApplyResult(
                 ApplyStatus.FAILED,
-                f"webhook {self.url} answered HTTP {response.status_code}; the old config stays",
+                f"webhook {self.shown_url} answered HTTP {response.status_code}; the old config stays",
                 self.current,
                 detail=body,
             )
         refusal = answer_refusal(response.text)
         if refusal is not None:
             return ApplyResult(
-                ApplyStatus.FAILED, f"webhook {self.url} refused the config: {refusal}", self.current, detail=body
+                ApplyStatus.FAILED,
+                scrub(f"webhook {self.shown_url} refused the config: {refusal}", self._secrets),
+                self.current,
+                detail=body,
             )
         self.current = dict(config)
-        log.info("webhook actuator: %s applied the config (HTTP %s)", self.url, response.status_code)
-        return ApplyResult(ApplyStatus.APPLIED, f"webhook {self.url} applied the config", self.current, detail=body)
+        log.info("webhook actuator: %s applied the config (HTTP %s)", self.shown_url, response.status_code)
+        return ApplyResult(
+            ApplyStatus.APPLIED, f"webhook {self.shown_url} applied the config", self.current, detail=body
+        )
 
     def stop(self) -> None:
         self._client.close()

@@ -117,6 +117,17 @@ def generic_payload(event: StoredEvent, mapping: Mapping[str, Category]) -> dict
     }
 
 
+def impact_line(data: Mapping[str, Any]) -> str | None:
+    """An apply's client impact in words (the actuator's ``ApplyImpact`` fields), None when absent."""
+    strategy = data.get("strategy")
+    if not isinstance(strategy, str):
+        return None
+    held, longest, failed = data.get("requests_held"), data.get("longest_hold_s"), data.get("requests_failed")
+    parts = [f"{held} held" + (f" (longest {longest:.1f} s)" if isinstance(longest, int | float) and held else "")]
+    parts.append(f"{failed} failed")
+    return f"clients: {', '.join(parts)} [{strategy}]"
+
+
 _ICONS = {"info": ":information_source:", "warning": ":warning:", "critical": ":rotating_light:"}
 
 
@@ -126,7 +137,9 @@ def slack_payload(event: StoredEvent, mapping: Mapping[str, Category]) -> dict[s
     where = f" — {event.engine.model_name} engine {event.engine.engine}" if event.engine else ""
     state = "resolved" if cat.resolves else event.severity
     icon = ":white_check_mark:" if cat.resolves else _ICONS.get(event.severity, "")
-    return {"text": f"{icon} spectuner {cat.name} ({state}){where}: {event.message}".strip()}
+    impact = impact_line(event.data)
+    text = f"{icon} spectuner {cat.name} ({state}){where}: {event.message}" + (f" — {impact}" if impact else "")
+    return {"text": text.strip()}
 
 
 def alertmanager_payload(
@@ -147,6 +160,9 @@ def alertmanager_payload(
         "annotations": {"summary": event.message, "kind": event.kind, "event_id": str(event.id)},
         "endsAt": ends.isoformat(),
     }
+    impact = impact_line(event.data)
+    if impact is not None:
+        alert["annotations"]["client_impact"] = impact
     if not cat.resolves:
         alert["startsAt"] = event.ts.isoformat()
     return [alert]

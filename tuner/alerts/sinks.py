@@ -14,13 +14,14 @@ import hmac
 import os
 import signal
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 from urllib.parse import urlsplit
 
 import httpx
 
+from collectors.redact import scrub, url_secrets
 from tuner.alerts.events import Category, alertmanager_payload, encode, generic_payload, slack_payload
 from tuner.alerts.settings import SinkSection
 from tuner.store.deliveries import StoredEvent
@@ -57,13 +58,6 @@ def signature(secret: bytes, body: bytes) -> str:
     return "sha256=" + hmac.new(secret, body, hashlib.sha256).hexdigest()
 
 
-def scrub(text: str, secrets: Sequence[str]) -> str:
-    """Replace every given secret by ``<redacted>`` and cut the text to a loggable length."""
-    for s in sorted((s for s in secrets if s), key=len, reverse=True):
-        text = text.replace(s, "<redacted>")
-    return text[:_ERROR_CHARS]
-
-
 def _env(name: str, sink: str, what: str) -> str:
     value = os.environ.get(name)
     if not value:
@@ -87,10 +81,8 @@ class HttpSink:
         self._client = httpx.Client(timeout=httpx.Timeout(settings.timeout_s), follow_redirects=False)
 
     def _secrets(self) -> list[str]:
-        parts = urlsplit(self._url)
-        # Path and query often carry the token (Slack: /services/T../B../XXXX); short ones ("/") do not.
-        pieces = [p for p in (parts.path, parts.query) if len(p) >= 8]
-        return [self._url, *pieces, self._secret.decode() if self._secret else ""]
+        # Path and query often carry the token (Slack: /services/T../B../XXXX).
+        return [*url_secrets(self._url, path_is_secret=True), self._secret.decode() if self._secret else ""]
 
     def body(self, event: StoredEvent) -> bytes:
         kind = self.settings.kind

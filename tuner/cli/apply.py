@@ -5,13 +5,13 @@ applies it on its next tick (even in advisory mode), unless paused or a change i
 from __future__ import annotations
 
 import json
-import math
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import typer
 
+from policies.spec_config import EXAMPLE, K_KEY, K_TABLE_KEY
 from tuner.cli.common import (
     BY_HELP,
     CONFIG_HELP,
@@ -29,73 +29,19 @@ from tuner.cli.common import (
     print_json,
     say,
 )
+from tuner.config import K_LIMIT
 
-# vLLM 0.32's speculative methods (SpeculativeConfig.method) plus "off" (start without speculation).
-KNOWN_METHODS = frozenset(
-    {"draft_model", "eagle", "eagle3", "ngram", "ngram_gpu", "suffix", "medusa", "mlp_speculator", "mtp", "off"}
-)
-MODEL_METHODS = frozenset({"draft_model", "eagle", "eagle3", "medusa", "mlp_speculator"})
 BUILTIN_DRAFTS = ("ngram", "suffix", "off")  # --draft names that need no registry entry
 
 
 def check_config(config: Any, k_max: int | None) -> dict[str, Any]:
-    """Validate a speculative config for an override; raise ``ValueError`` naming what is wrong.
+    """Validate a speculative config for an override (``tuner.controller.override_check``, the check
+    the daemon repeats before applying it); raise ``ValueError`` naming what is wrong."""
+    from tuner.controller.override_check import validate_spec_config
 
-    Method known (vLLM's names, ``*_mtp`` variants, or ``off``); ``num_speculative_tokens`` an integer
-    K ≥ 0 (not needed for ``off``); a per-batch-size table of rows [lo, hi, K] contiguous from 1 with
-    every K ≤ num_speculative_tokens; every K ≤ ``k_max`` when known; a model for model-based methods.
-    """
-    from tuner.store.rows import FieldError, check_k_table
-
-    if not isinstance(config, dict):
-        raise ValueError(f"the config must be a JSON object such as {_EXAMPLE} but got {json.dumps(config)}")
-    method = config.get("method")
-    if not isinstance(method, str) or not (method in KNOWN_METHODS or method.endswith("_mtp")):
-        raise ValueError(
-            f"method {method!r} is not a vLLM speculative method; use one of {', '.join(sorted(KNOWN_METHODS))} "
-            "(or a *_mtp variant)"
-        )
-    if method == "off":
-        extra = sorted(set(config) - {"method"})
-        if extra:
-            raise ValueError(f'method "off" takes no other keys; drop {", ".join(extra)}')
-        return dict(config)
-    k = config.get("num_speculative_tokens")
-    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-        raise ValueError(f"num_speculative_tokens (K) must be an integer ≥ 0 but got {json.dumps(k)}")
-    if method in MODEL_METHODS and not (isinstance(config.get("model"), str) and config["model"]):
-        raise ValueError(f'method {method!r} needs "model": the draft model path or hub name')
-    ks = [k]
-    table = config.get("num_speculative_tokens_per_batch_size")
-    if table is not None:
-        if not isinstance(table, list):
-            raise ValueError(
-                f"num_speculative_tokens_per_batch_size must be rows [lo, hi, K] but got {json.dumps(table)}"
-            )
-        try:
-            rows = check_k_table(table)
-        except FieldError as exc:
-            raise ValueError(f"num_speculative_tokens_per_batch_size: {exc}") from None
-        assert rows is not None
-        top = max(r[2] for r in rows)
-        if top > k:
-            raise ValueError(
-                f"the per-batch-size table uses K={top} above num_speculative_tokens={k}: vLLM treats "
-                f"num_speculative_tokens as the table's maximum; raise it to {top}"
-            )
-        ks.extend(r[2] for r in rows)
-    if k_max is not None and max(ks) > k_max:
-        raise ValueError(
-            f"K={max(ks)} is above the engine's K_max {k_max} (policy.k_max of --config, or --k-max); "
-            "choose a smaller K or raise --k-max"
-        )
-    for key, value in config.items():
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ValueError(f"{key} is {value}; use a finite number")
-    return dict(config)
+    return validate_spec_config(config, k_max)
 
 
-_EXAMPLE = '{"method": "draft_model", "model": "/models/draft", "num_speculative_tokens": 4}'
 
 
 def _parse_json(text: str, option: str) -> Any:
@@ -115,7 +61,7 @@ def build_config(
         parsed: dict[str, Any] = _parse_json(config_json, "--config-json")
         return parsed
     if draft is None:
-        fail_usage(f"give --draft NAME --k N (see `spectuner drafts list`) or --config-json '{_EXAMPLE}'")
+        fail_usage(f"give --draft NAME --k N (see `spectuner drafts list`) or --config-json '{EXAMPLE}'")
     if draft == "off":
         if k is not None or k_table is not None:
             fail_usage("--draft off switches speculation off; drop --k and --k-table")
@@ -124,14 +70,14 @@ def build_config(
     if k is None and isinstance(table, list) and table and all(isinstance(r, list) and len(r) == 3 for r in table):
         k = max(r[2] for r in table) if all(isinstance(r[2], int) for r in table) else None  # the table's maximum
     if k is None:
-        fail_usage(f"--draft {draft} needs --k N (num_speculative_tokens) or a --k-table")
+        fail_usage(f"--draft {draft} needs --k N ({K_KEY}) or a --k-table")
     spec = _find_draft(store, cfg, draft)
     try:
         config = spec.to_spec_config(k).to_vllm()
     except ValueError as exc:
         fail_usage(f"--k: {exc}")
     if table is not None:
-        config["num_speculative_tokens_per_batch_size"] = table
+        config[K_TABLE_KEY] = table  # as given: validate_spec_config says what is wrong with it
     return config
 
 
@@ -183,14 +129,14 @@ def pick_engine(store: Any, url: str | None) -> Any:
 
 
 def apply(
-    config_json: str | None = typer.Option(None, "--config-json", help=f"The speculative config, e.g. '{_EXAMPLE}'."),
+    config_json: str | None = typer.Option(None, "--config-json", help=f"The speculative config, e.g. '{EXAMPLE}'."),
     draft: str | None = typer.Option(
         None,
         "--draft",
         help="A registered draft (`spectuner drafts list`), a drafts entry of --config, ngram, suffix or off.",
     ),
     k: int | None = typer.Option(
-        None, "--k", help="num_speculative_tokens with --draft (default with --k-table: the table's largest K)."
+        None, "--k", help="K with --draft (default with --k-table: its largest K)."
     ),
     k_table: str | None = typer.Option(
         None, "--k-table", help="K per batch size with --draft: JSON rows [lo, hi, K], e.g. '[[1,4,5],[5,16,2]]'."
@@ -209,8 +155,8 @@ def apply(
     from tuner.cli.status import _engine_url, describe_config
 
     who = default_by(by)
-    if k_max is not None and k_max < 0:
-        fail_usage(f"--k-max cannot be negative but got {k_max}")
+    if k_max is not None and not 0 <= k_max <= K_LIMIT:
+        fail_usage(f"--k-max must be between 0 and {K_LIMIT} but got {k_max}")
     cfg = load_config_or_exit(config)
     limit = k_max if k_max is not None else (cfg.policy.k_max if cfg is not None else None)
     url = _engine_url(engine or (cfg.engine.metrics_url if cfg is not None else None))

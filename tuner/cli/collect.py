@@ -10,9 +10,11 @@ from typing import Any
 
 import typer
 
-from collectors.scrape import Collector, CollectResult, metrics_url
-from tuner.cli.common import fail_runtime, fail_usage, out_console, print_json
-from tuner.store import DatabaseUrlError, SchemaError, Store, resolve_db_url
+from collectors.scrape import DEFAULT_MAX_BODY_BYTES, Collector, CollectResult, metrics_url
+from tuner.cli.common import fail_runtime, fail_usage, open_store, out_console, print_json, require_range
+
+MAX_INTERVAL_S = 86_400.0  # a day: a longer scrape interval is a typo, not a plan
+MAX_BODY_BYTES_LIMIT = 1024 * 1024 * 1024  # 1 GiB: the page is held in memory whole
 
 
 def collect(
@@ -25,25 +27,30 @@ def collect(
     ),
     interval_s: float = typer.Option(10.0, "--interval-s", help="Seconds between scrapes."),
     timeout_s: float = typer.Option(5.0, "--timeout-s", help="Seconds to wait for one /metrics page."),
+    max_body_bytes: int = typer.Option(
+        DEFAULT_MAX_BODY_BYTES,
+        "--max-body-bytes",
+        help=f"Largest /metrics page accepted, in bytes (default {DEFAULT_MAX_BODY_BYTES}; "
+        f"at most {MAX_BODY_BYTES_LIMIT}).",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print what was collected as JSON."),
 ) -> None:
     """Scrape vLLM's /metrics every --interval-s seconds and store per-engine windows of deltas."""
-    if interval_s <= 0:
-        fail_usage(f"--interval-s must be positive but got {interval_s}")
-    if timeout_s <= 0:
-        fail_usage(f"--timeout-s must be positive but got {timeout_s}")
+    require_range("--interval-s", interval_s, low=0.0, high=MAX_INTERVAL_S, low_open=True)
+    require_range("--timeout-s", timeout_s, low=0.0, high=MAX_INTERVAL_S, low_open=True)
+    require_range("--max-body-bytes", max_body_bytes, low=1, high=MAX_BODY_BYTES_LIMIT)
     try:
         target = metrics_url(url)
     except ValueError as exc:
         fail_usage(str(exc))
-    try:
-        store = Store(resolve_db_url(db))
-    except DatabaseUrlError as exc:
-        fail_usage(str(exc))
-    except SchemaError as exc:
-        fail_usage(str(exc))
+    store = open_store(db, None)
 
-    with store, Collector(target, store, interval_s=interval_s, timeout_s=timeout_s) as collector:
+    with (
+        store,
+        Collector(
+            target, store, interval_s=interval_s, timeout_s=timeout_s, max_body_bytes=max_body_bytes
+        ) as collector,
+    ):
         if once:
             _collect_once(collector, interval_s, as_json)
             return
@@ -56,7 +63,7 @@ def collect(
         signal.signal(signal.SIGINT, _stop)
         if not as_json:
             out_console.print(
-                f"collecting {target} every {interval_s:g} s into {store!r}; Ctrl-C to stop", highlight=False
+                f"collecting {collector.url} every {interval_s:g} s into {store!r}; Ctrl-C to stop", highlight=False
             )
         collector.run(stop)
         summary = _summary(collector)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import getpass
 import json
+import math
 import os
 import re
 import sys
@@ -32,6 +33,20 @@ def fail_runtime(message: str) -> NoReturn:
     """A runtime failure (engine down, database unreachable...): exit 1."""
     err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
     raise typer.Exit(EXIT_RUNTIME)
+
+
+def require_range(
+    option: str, value: float, *, low: float | None = None, high: float | None = None, low_open: bool = False
+) -> None:
+    """Exit 2 unless ``value`` is a finite number in ``[low, high]`` (``(low, high]`` with ``low_open``):
+    NaN and infinities are refused by name, never compared (``nan <= 0`` is False)."""
+    if math.isnan(value) or math.isinf(value):
+        fail_usage(f"{option} must be a finite number but got {value}")
+    if low is not None and (value <= low if low_open else value < low):
+        bound = "positive" if low_open and low == 0 else f"{'above' if low_open else 'at least'} {low:g}"
+        fail_usage(f"{option} must be {bound} but got {value:g}")
+    if high is not None and value > high:
+        fail_usage(f"{option} must be at most {high:g} but got {value:g}")
 
 
 def print_json(data: Any) -> None:
@@ -77,7 +92,7 @@ def load_config_or_exit(config: Path | None) -> Any:
         fail_usage(str(exc))
 
 
-def open_store(db: str | None, config: Path | None, cfg: Any = None) -> Any:
+def open_store(db: str | None, config: Path | None, cfg: Any = None, *, read_only: bool = False) -> Any:
     """Open the store the daemon uses: ``--db``, else ``[database] url`` of ``--config``, else
     ``$SPECTUNER_DB``, else ``spectuner.db`` beside ``--config`` (or here).
 
@@ -97,7 +112,7 @@ def open_store(db: str | None, config: Path | None, cfg: Any = None) -> Any:
     except DatabaseUrlError as exc:
         fail_usage(str(exc))
     try:
-        return Store(url)
+        return Store(url, read_only=read_only)
     except (DatabaseUrlError, SchemaError) as exc:
         fail_usage(str(exc))
     except SQLAlchemyError as exc:
@@ -119,7 +134,10 @@ def parse_since(text: str, now: datetime, option: str = "--since") -> datetime:
     zone (as `spectuner report` reads them: a time without a zone is refused rather than guessed)."""
     m = _AGO.match(text)
     if m:
-        return now - timedelta(seconds=float(m.group(1)) * _UNIT_S[m.group(2).lower()])
+        try:
+            return now - timedelta(seconds=float(m.group(1)) * _UNIT_S[m.group(2).lower()])
+        except OverflowError:  # datetime stops at year 1
+            fail_usage(f"{option} {text!r} reaches before year 1; give a shorter duration or an ISO time")
     try:
         when = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
     except ValueError:

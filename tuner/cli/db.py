@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
 import typer
 from sqlalchemy.exc import SQLAlchemyError
 
-from tuner.cli.common import fail_runtime, fail_usage, out_console, print_json
+from tuner.cli.common import confirm_or_exit, fail_runtime, fail_usage, out_console, print_json, say
 from tuner.store import schema
 from tuner.store.url import DatabaseUrlError, render_url, resolve_db_url
 
@@ -40,13 +41,24 @@ def upgrade_cmd(
     db: str | None = typer.Option(None, "--db", help=_DB_HELP),
     config: Path | None = typer.Option(None, "--config", help=_CONFIG_HELP),
     revision: str = typer.Option("head", "--revision", help="Target revision (default: the newest)."),
+    allow_foreign_tables: bool = typer.Option(
+        False, "--allow-foreign-tables", help="Create spectuner's tables beside another application's."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Create the schema, or bring it up to this spectuner's revision. One transaction."""
     url = _url(db, config)
     try:
+        if not allow_foreign_tables and schema.current_revision(url) is None:
+            others = schema.foreign_tables(url)
+            if others:
+                fail_usage(
+                    f"{render_url(url)} holds {len(others)} table(s) that are not spectuner's "
+                    f"({', '.join(others[:5])}{', ...' if len(others) > 5 else ''}): it looks like another "
+                    "application's database. Point --db at a database of its own, or pass --allow-foreign-tables"
+                )
         result = schema.upgrade(url, revision)
-    except schema.RevisionError as exc:
+    except (schema.RevisionError, schema.SchemaError) as exc:
         fail_usage(str(exc))
     except SQLAlchemyError as exc:
         _db_failure(url, exc)
@@ -62,13 +74,30 @@ def downgrade_cmd(
     revision: str = typer.Argument("-1", help="Revision id, 'base', or a relative step like -1."),
     db: str | None = typer.Option(None, "--db", help=_DB_HELP),
     config: Path | None = typer.Option(None, "--config", help=_CONFIG_HELP),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Drop tables that hold rows without asking."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
-    """Step the schema back (default one revision). Tables a step removes lose their rows."""
+    """Step the schema back (default one revision). Tables a step removes lose their rows: it says
+    which and how many, and asks first (``--yes`` skips)."""
     url = _url(db, config)
     try:
+        plan = schema.downgrade_plan(url, revision)
+        if plan.rows_lost:
+            lost = ", ".join(f"{name} ({rows} rows)" for name, rows in plan.dropped if rows)
+            say(
+                f"downgrading {plan.url} from {plan.from_revision} to {plan.to_revision or 'empty'} drops "
+                f"{len(plan.dropped)} table(s); these hold data: {lost}. Back it up first "
+                f"({_backup_hint(url)}).",
+                err=True,
+            )
+            if not yes and not sys.stdin.isatty():
+                fail_usage(
+                    f"this downgrade would delete {plan.rows_lost} row(s) and there is no terminal to confirm on: "
+                    "back the database up, then pass --yes"
+                )
+            confirm_or_exit(f"Drop {plan.rows_lost} row(s)?", yes)
         result = schema.downgrade(url, revision)
-    except (schema.RevisionError, schema.SchemaMissingError) as exc:
+    except (schema.RevisionError, schema.SchemaError) as exc:
         fail_usage(str(exc))
     except SQLAlchemyError as exc:
         _db_failure(url, exc)
@@ -85,6 +114,8 @@ def current_cmd(
     url = _url(db, config)
     try:
         current = schema.current_revision(url)
+    except schema.SchemaError as exc:
+        fail_usage(str(exc))
     except SQLAlchemyError as exc:
         _db_failure(url, exc)
     head = schema.head_revision()
@@ -115,6 +146,15 @@ def current_cmd(
     )
     if advice:
         out_console.print(advice, highlight=False, soft_wrap=True)
+
+
+def _backup_hint(url: str) -> str:
+    from tuner.store.url import sqlite_path
+
+    path = sqlite_path(url)
+    if path is not None:
+        return f'sqlite3 {path} ".backup {path}.bak"'
+    return "pg_dump -Fc -f spectuner.dump DBNAME"
 
 
 def _report(verb: str, result: schema.MigrationResult, as_json: bool) -> None:

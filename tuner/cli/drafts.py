@@ -59,6 +59,7 @@ def list_cmd(
     from sqlalchemy.exc import SQLAlchemyError
 
     from tuner.controller.drafts import registered_drafts, who_and_when
+    from tuner.store.shadow import latest_shadow_results
 
     cfg = load_config_or_exit(config)
     store = open_store(db, config, cfg)
@@ -66,11 +67,26 @@ def list_cmd(
         with store:
             registered = registered_drafts(store)
             added = who_and_when(store)
+            shadow = latest_shadow_results(store)
     except SQLAlchemyError as exc:
         fail_runtime(f"cannot read the database {store!r}: {db_error_detail(exc)}")
     rows = [_spec_dict(s, "registry", added.get(s.name)) for s in registered]
     # The config file's [[drafts]] as written (prior_alpha, cost_ratio... included), marked as such.
     rows += [{**item.model_dump(), "source": "config"} for item in (cfg.drafts if cfg is not None else [])]
+    now = datetime.now(UTC)
+    for r in rows:
+        found = shadow.get(r["name"])
+        r["measured"] = (
+            {
+                "source": "shadow",
+                **{k: v for k, v in found.to_json().items() if k not in ("candidate", "method", "model_path")},
+                "age_s": round((now - found.computed_at).total_seconds(), 1),
+            }
+            if found is not None
+            else None
+        )
+    # Ranked: measured α̂ first (highest first), then the unmeasured in registry order.
+    rows.sort(key=_rank)
     result: dict[str, Any] = {"drafts": rows}
     if as_json:
         print_json(result)
@@ -81,7 +97,9 @@ def list_cmd(
     from rich.table import Table
 
     table = Table(title="draft candidates", title_justify="left")
-    for col, wrap in (("name", False), ("method", False), ("model", True), ("size", True), ("source", True)):
+    for col, wrap in (
+        ("name", False), ("method", False), ("model", True), ("size", True), ("measured α̂", True), ("source", True)
+    ):
         table.add_column(col, overflow="fold", no_wrap=not wrap)
     for r in rows:
         size = [f"{r['num_params']:,} params" if r.get("num_params") is not None else None, r.get("dtype")]
@@ -92,8 +110,24 @@ def list_cmd(
         source = r["source"]
         if r.get("added_by"):
             source += f", added by {r['added_by']} {short_time(r['added_at'])}"
-        table.add_row(r["name"], r["method"], r.get("model") or "—", " · ".join(x for x in size if x) or "—", source)
+        table.add_row(
+            r["name"], r["method"], r.get("model") or "—", " · ".join(x for x in size if x) or "—",
+            _measured_text(r["measured"]), source,
+        )
     out_console.print(table)
+
+
+def _rank(row: dict[str, Any]) -> tuple[int, float]:
+    measured = row["measured"]
+    return (0, -measured["alpha"]) if measured and measured["alpha"] is not None else (1, 0.0)
+
+
+def _measured_text(m: dict[str, Any] | None) -> str:
+    if not m or m.get("alpha") is None:
+        return "—"
+    lo, hi = m["alpha_ci"]
+    greedy = ", greedy-only" if m.get("greedy_only") else ""
+    return f"{m['alpha']:.3f} [{lo:.3f}, {hi:.3f}] ({m['source']}, {m['drafts']:,} drafts{greedy})"
 
 
 def _check_model(model: str, method: str) -> tuple[str, dict[str, Any] | None, str | None]:

@@ -8,7 +8,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from collectors.offline import DumpError, MixedKError, engine_counters, read_dump, total
+from collectors.offline import DumpError, MixedKError, engine_counters, looks_swapped, read_dump, total
 from policies.acceptance import estimate_alpha
 from tuner.cli.common import fail_runtime, fail_usage, out_console, print_json
 
@@ -35,6 +35,11 @@ def estimate(
         fail_usage(str(exc))
     if not dumps[0]:
         fail_usage(f"{metrics_file[0]}: no vLLM engine series on this page (is it a vLLM /metrics page?)")
+    if len(dumps) == 2 and looks_swapped(dumps[0], dumps[1]):
+        fail_usage(
+            f"{metrics_file[1]} looks older than {metrics_file[0]} (its counters are all lower and the engines "
+            "did not restart): give the older dump first, --metrics-file OLD --metrics-file NEW"
+        )
     per_engine = engine_counters(dumps[0], dumps[1] if len(dumps) == 2 else None)
     sources = [str(p) for p in metrics_file]
 

@@ -53,7 +53,7 @@ def history(
 
     from tuner.store.url import render_url
 
-    store = open_store(db, config)
+    store = open_store(db, config, read_only=True)
     try:
         with store:
             rows = gather(store, start, kind, limit)

@@ -66,8 +66,9 @@ def serve_cmd(
 
     try:
         table = parse_per_batch_size(per_batch_size) if per_batch_size else None
-        server = LabServer(draft=draft, k=k, per_batch_size=table, port=port, models_dir=models_dir,
-                           enforce_eager=not compile_graphs)
+        server = LabServer(
+            draft=draft, k=k, per_batch_size=table, port=port, models_dir=models_dir, enforce_eager=not compile_graphs
+        )
     except LabUsageError as e:
         fail_usage(str(e))
     stop = threading.Event()
@@ -84,10 +85,18 @@ def serve_cmd(
         err_console.print(e.log_tail, markup=False, highlight=False)
         fail_runtime(str(e))
     try:
-        out_console.print(json.dumps({"base_url": server.base_url, "metrics_url": server.metrics_url,
-                                      "model": server.model_name, "pid": server.pid,
-                                      "startup_s": round(took, 1),
-                                      "speculative_config": server.spec_config}))
+        out_console.print(
+            json.dumps(
+                {
+                    "base_url": server.base_url,
+                    "metrics_url": server.metrics_url,
+                    "model": server.model_name,
+                    "pid": server.pid,
+                    "startup_s": round(took, 1),
+                    "speculative_config": server.spec_config,
+                }
+            )
+        )
         deadline = None if duration_s is None else time.monotonic() + duration_s
         while not stop.is_set():
             if deadline is not None and time.monotonic() >= deadline:
@@ -116,6 +125,12 @@ def load_cmd(
 
     if prompts not in PROMPT_SETS:
         fail_usage(f"unknown prompt set {prompts!r}; choose one of: {', '.join(PROMPT_SETS)}")
+    from collectors.scrape import metrics_url
+
+    try:
+        metrics_url(url)  # the same check as every other URL option: http(s), a host, parseable
+    except ValueError as exc:
+        fail_usage(f"--url: {exc}")
     result = run_load(url, model, PROMPT_SETS[prompts], concurrency, count, max_tokens)
     summary = result.summary()
     if as_json:

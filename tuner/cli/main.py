@@ -3,7 +3,7 @@
 Start-up is lazy: a command's module (and with it sqlalchemy, scipy, vLLM...) is imported only when
 that command runs. ``spectuner --help`` lists the commands from ``_HELP`` without importing any of
 them. A module in ``_COMMAND_MODULES`` without a ``_HELP`` entry still works; it is imported at start
-(slower ``--help``). ``tests/unit/test_admin_cli_unit.py`` checks ``_HELP`` against the real commands.
+(slower ``--help``). ``tests/unit/tuner/cli/test_admin.py`` checks ``_HELP`` against the real commands.
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ from typing import Any
 
 import typer
 import typer.main
+from rich.markup import escape
 from typer.core import TyperCommand, TyperGroup
+from typer.exceptions import TyperException
 
 # Order is the order `spectuner --help` lists them in. Other modules append their name here.
 _COMMAND_MODULES = (
@@ -24,6 +26,7 @@ _COMMAND_MODULES = (
     "tuner.cli.apply",
     "tuner.cli.pause",
     "tuner.cli.drafts",
+    "tuner.cli.shadow",
     "tuner.cli.estimate",
     "tuner.cli.recommend",
     "tuner.cli.collect",
@@ -37,7 +40,7 @@ _COMMAND_MODULES = (
 )
 
 # module -> {command name: the first paragraph of its help}, so that --help imports nothing heavy.
-# Changed a command's docstring? Change its line here too (tests/unit/test_admin_cli_unit.py checks).
+# Changed a command's docstring? Change its line here too (tests/unit/tuner/cli/test_admin.py checks).
 _HELP: dict[str, dict[str, str]] = {
     "tuner.cli.status": {
         "status": "Per engine series: the config in force, α̂ and throughput over the last window, "
@@ -55,6 +58,9 @@ _HELP: dict[str, dict[str, str]] = {
         "resume": "Lift every pause in force; the controller acts again on its next tick.",
     },
     "tuner.cli.drafts": {"drafts": "The registry of draft candidates (list, add, remove; audited)."},
+    "tuner.cli.shadow": {
+        "shadow": "Measure draft candidates on recorded traffic without loading them (run, forget)."
+    },
     "tuner.cli.estimate": {
         "estimate": "Estimate α (per-token acceptance of the draft) from one /metrics dump (totals since the "
         "engine started) or two (what happened between them)."
@@ -126,6 +132,22 @@ class LazyGroup(TyperGroup):
                 raise RuntimeError(f"{cmd.module} does not define the command {name!r}; fix _HELP in {__name__}")
             cmd = self.commands[name] = loaded[name]
         return name, cmd, rest
+
+    def invoke(self, ctx: Any) -> Any:
+        """Run the command; an exception it did not catch becomes one line and exit 1 or 2
+        (``tuner.cli.boundary``), never a traceback. Typer's own exits and usage errors pass through."""
+        try:
+            return super().invoke(ctx)
+        except (TyperException, typer.Exit, typer.Abort):
+            raise
+        except Exception as exc:
+            from tuner.cli.boundary import describe_failure, log
+            from tuner.cli.common import err_console
+
+            code, message = describe_failure(exc)
+            log.debug("the command failed", exc_info=exc)
+            err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+            raise typer.Exit(code) from None
 
 
 app = typer.Typer(

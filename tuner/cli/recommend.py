@@ -28,6 +28,7 @@ from policies.memory import FREE_METHODS, DraftFootprint, MemoryBudget, kv_bytes
 from policies.spec_config import K_TABLE_KEY
 from policies.step_cost import StepCostModel
 from tuner.cli.common import fail_usage, out_console, print_json
+from tuner.config import BATCH_SIZE_LIMIT, K_LIMIT
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b|b)?\s*$", re.IGNORECASE)
 _UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -43,7 +44,8 @@ def parse_bytes(text: str, option: str) -> int:
 
 
 def parse_batch_sizes(text: str) -> list[int]:
-    """``1,2,4,8`` or ``1-16`` (or a mix, ``1,4-8``) → sorted distinct batch sizes ≥ 1."""
+    """``1,2,4,8`` or ``1-16`` (or a mix, ``1,4-8``) → sorted distinct batch sizes in
+    ``1..BATCH_SIZE_LIMIT`` (checked before a range is expanded)."""
     sizes: set[int] = set()
     for part in text.split(","):
         part = part.strip()
@@ -52,14 +54,24 @@ def parse_batch_sizes(text: str) -> list[int]:
                 lo, hi = (int(x) for x in part.split("-", 1))
                 if lo > hi:
                     raise ValueError
+                _check_batch_size(hi, text)
                 sizes.update(range(lo, hi + 1))
             elif part:
-                sizes.add(int(part))
+                sizes.add(_check_batch_size(int(part), text))
         except ValueError:
             fail_usage(f"--batch-sizes must list integers or ranges such as 1,2,4,8 or 1-16 but got {text!r}")
     if not sizes or min(sizes) < 1:
         fail_usage(f"--batch-sizes must list batch sizes ≥ 1 but got {text!r}")
     return sorted(sizes)
+
+
+def _check_batch_size(size: int, text: str) -> int:
+    if size > BATCH_SIZE_LIMIT:
+        fail_usage(
+            f"--batch-sizes goes up to {size} in {text!r} but batch sizes stop at {BATCH_SIZE_LIMIT} "
+            "(vLLM --max-num-seqs); list the sizes your engine runs"
+        )
+    return size
 
 
 def _check_inputs(alpha: float, cost_ratio: float | None, k_max: int, alpha_ci: tuple[float, float] | None) -> None:
@@ -68,13 +80,20 @@ def _check_inputs(alpha: float, cost_ratio: float | None, k_max: int, alpha_ci: 
             f"--alpha must lie strictly between 0 and 1 but got {alpha}: it is the draft's per-token "
             "acceptance probability (`spectuner estimate` prints it)."
         )
-    if cost_ratio is not None and not (math.isfinite(cost_ratio) and cost_ratio >= 0.0):
+    if cost_ratio is not None and not math.isfinite(cost_ratio):
+        fail_usage(
+            f"--cost-ratio must be a finite number but got {cost_ratio}: it is the draft's step time divided by "
+            "the target's (e.g. 0.05)."
+        )
+    if cost_ratio is not None and cost_ratio < 0.0:
         fail_usage(
             f"--cost-ratio cannot be negative but got {cost_ratio}: it is the draft's step time divided by "
             "the target's (e.g. 0.05)."
         )
     if k_max < 0:
         fail_usage(f"--k-max cannot be negative but got {k_max}; use 0 to consider speculation off only.")
+    if k_max > K_LIMIT:
+        fail_usage(f"--k-max must be at most {K_LIMIT} but got {k_max}: no draft pays beyond a few tokens.")
     if alpha_ci is not None and not (0.0 <= alpha_ci[0] <= alpha <= alpha_ci[1] <= 1.0):
         fail_usage(f"--alpha-ci must be LO,HI with 0 ≤ LO ≤ alpha ≤ HI ≤ 1 but got {alpha_ci[0]},{alpha_ci[1]}.")
 

@@ -74,7 +74,7 @@ def report(
     except DatabaseUrlError as exc:
         fail_usage(str(exc))
     try:
-        store = Store(url)
+        store = Store(url, read_only=True)
     except SchemaError as exc:
         fail_usage(str(exc))
     except SQLAlchemyError as exc:

@@ -12,7 +12,26 @@ from pathlib import Path
 
 import typer
 
-from tuner.cli.common import fail_runtime, fail_usage
+from tuner.cli.common import fail_runtime, fail_usage, load_config_or_exit, open_store
+
+
+class TickPrinter:
+    """Which tick results reach the terminal: none of the quiet ones (hold, none: the audit log has
+    them), and a blocked one only when it changes — "[blocked] override_waiting" on every tick of a
+    pause would bury everything else. Anything else is always printed."""
+
+    QUIET = frozenset({"hold", "none"})
+
+    def __init__(self) -> None:
+        self._last: tuple[str, str] | None = None
+
+    def should_print(self, action: str, reason: str) -> bool:
+        current = (action, reason)
+        repeated = current == self._last
+        self._last = current
+        if action in self.QUIET:
+            return False
+        return not (action == "blocked" and repeated)
 
 
 def run(
@@ -26,20 +45,14 @@ def run(
     as_json: bool = typer.Option(False, "--json", help="Print each decision as one JSON line (and --check as JSON)."),
 ) -> None:
     """Run the sidecar: scrape the engine, decide, apply through the actuator, verify, audit."""
-    from tuner.config import ConfigError, load_config
-    from tuner.store import DatabaseUrlError, SchemaError, Store, resolve_db_url
+    from tuner.checks import start_problems
+    from tuner.config import ConfigError
 
-    try:
-        cfg = load_config(config)
-    except ConfigError as exc:
-        fail_usage(str(exc))
-    try:
-        url = resolve_db_url(db or cfg.database.url, config)
-        store = Store(url)
-    except (DatabaseUrlError, SchemaError) as exc:
-        fail_usage(str(exc))
-    except Exception as exc:  # the database cannot be reached: a runtime failure, not a usage error
-        fail_runtime(f"cannot open the database: {type(exc).__name__}: {exc}")
+    cfg = load_config_or_exit(config)
+    problems = start_problems(cfg)  # the same checks for `run` and `run --check`
+    if problems:
+        fail_usage(str(ConfigError(str(config), problems)))
+    store = open_store(db, config, cfg)
 
     if check:
         summary = {
@@ -61,9 +74,11 @@ def run(
     from tuner.controller.audit import TickResult
     from tuner.daemon import Daemon, DaemonStartError
 
+    printer = TickPrinter()
+
     def show(result: TickResult) -> None:
-        if result.action in ("hold", "none"):
-            return  # a quiet controller is the normal case; the audit log has the decisions
+        if not printer.should_print(result.action, result.reason):
+            return
         if as_json:
             sys.stdout.write(json.dumps(result.__dict__) + "\n")
         else:

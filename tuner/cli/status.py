@@ -24,6 +24,7 @@ from tuner.cli.common import (
     open_store,
     out_console,
     print_json,
+    require_range,
     say,
     short_time,
 )
@@ -37,23 +38,32 @@ def status(
     ),
     window_s: float = typer.Option(300.0, "--window-s", help="Seconds of windows behind α̂ and throughput."),
     events_window_s: float = typer.Option(86400.0, "--events-window-s", help="Seconds of events to count."),
+    length_window_s: float = typer.Option(
+        3600.0, "--length-window-s", help="Seconds of per-request records behind α by context length."
+    ),
+    length_edges: str | None = typer.Option(
+        None, "--length-edges", help="Context-length band edges in tokens, e.g. 2048,8192,32768 "
+        "(default 512, 1024, … 32768)."
+    ),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """Per engine series: the config in force, α̂ and throughput over the last window, pause, pending
     changes, the last decision and recent events."""
-    if not window_s > 0:
-        fail_usage(f"--window-s must be positive but got {window_s}")
-    if not events_window_s > 0:
-        fail_usage(f"--events-window-s must be positive but got {events_window_s}")
+    year_s = 366 * 86400.0  # further back than a year is a typo (and past what datetime can subtract)
+    require_range("--window-s", window_s, low=0.0, high=year_s, low_open=True)
+    require_range("--events-window-s", events_window_s, low=0.0, high=year_s, low_open=True)
+    require_range("--length-window-s", length_window_s, low=0.0, high=year_s, low_open=True)
+    edges = _length_edges(length_edges)
     from sqlalchemy.exc import SQLAlchemyError
 
     cfg = load_config_or_exit(config)
     url_filter = _engine_url(engine or (cfg.engine.metrics_url if cfg is not None else None))
-    store = open_store(db, config, cfg)
+    store = open_store(db, config, cfg, read_only=True)
     now = datetime.now(UTC)
     try:
         with store:
-            data = gather(store, now, window_s, events_window_s, url_filter)
+            confidence = cfg.policy.confidence if cfg is not None else 0.95  # the controller's, when configured
+            data = gather(store, now, window_s, events_window_s, url_filter, confidence, length_window_s, edges)
     except SQLAlchemyError as exc:
         fail_runtime(f"cannot read the database {store!r}: {db_error_detail(exc)}")
     if engine is not None and not data["engines"]:
@@ -76,12 +86,22 @@ def _engine_url(text: str | None) -> str | None:
         fail_usage(f"--engine: {exc}")
 
 
-def gather(store: Any, now: datetime, window_s: float, events_window_s: float, url: str | None) -> dict[str, Any]:
+def gather(
+    store: Any,
+    now: datetime,
+    window_s: float,
+    events_window_s: float,
+    url: str | None,
+    confidence: float = 0.95,
+    length_window_s: float = 3600.0,
+    length_edges: tuple[int, ...] | None = None,
+) -> dict[str, Any]:
     """The status document (the ``--json`` output)."""
     from policies.acceptance import alpha_of_windows
     from tuner.controller import manual
     from tuner.controller.audit import CHANGE
     from tuner.store import DecisionStatus
+    from tuner.store.lengths import context_length_view
     from tuner.store.url import render_url
 
     since = now - timedelta(seconds=window_s)
@@ -103,10 +123,28 @@ def gather(store: Any, now: datetime, window_s: float, events_window_s: float, u
         latest = store.latest_window(key)
         until = now + timedelta(microseconds=1)
         totals = store.window_totals(key, since, until)
-        # α̂ as the controller computes it (each window read at the K it drafted, pooled)
-        est = alpha_of_windows([w.spec for w in store.windows(key, since, until) if w.spec is not None])
+        # α̂ as the controller and the exporters read it: the config in force's windows within the
+        # window, each read at the K it drafted (a swap must not pool two drafts' acceptance)
+        started = current.config.started_at if current is not None else None
+        est = alpha_of_windows(
+            [
+                w.spec
+                for w in store.windows(key, since, until)
+                if w.spec is not None and (started is None or w.start >= started)
+            ],
+            confidence,
+        )
         last = store.decisions(key=key, limit=1, newest_first=True)
         severities = Counter(e.severity for e in store.events(events_since, None, key=key))
+        lengths = context_length_view(
+            store,
+            key.model_name,
+            now - timedelta(seconds=length_window_s),
+            now + timedelta(microseconds=1),
+            config_id=current.id if current is not None else None,
+            confidence=confidence,
+            edges=length_edges,
+        )
         engines.append(
             {
                 "url": key.url,
@@ -126,12 +164,17 @@ def gather(store: Any, now: datetime, window_s: float, events_window_s: float, u
                     "resets": totals.resets,
                     **est.to_dict(),
                     "alpha_reason": est.reason.value,
+                    "alpha_since": iso(max(since, started)) if started is not None else iso(since),
                 },
                 "pending": [_decision(d) for d in in_flight if d.decision.engine in (None, key)],
                 "last_decision": _decision(last[0]) if last else None,
                 "events": {
                     "since": iso(events_since),
                     **{s: severities.get(s, 0) for s in ("info", "warning", "critical")},
+                },
+                "by_context_length": {
+                    "window_s": length_window_s,
+                    **lengths.to_dict(),
                 },
             }
         )
@@ -145,6 +188,19 @@ def gather(store: Any, now: datetime, window_s: float, events_window_s: float, u
         "pending_overrides": [_decision(d) for d in overrides],
         "engines": engines,
     }
+
+
+def _length_edges(text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    from policies.length_bands import LengthSettings
+
+    try:
+        edges = tuple(int(x) for x in text.split(",") if x.strip())
+        LengthSettings(edges_tokens=edges)
+    except ValueError as exc:
+        fail_usage(f"--length-edges {text!r}: {exc}; write increasing token counts, e.g. 2048,8192,32768")
+    return edges
 
 
 def _config(store: Any, stored: Any) -> dict[str, Any] | None:
@@ -286,6 +342,18 @@ def _print_human(data: dict[str, Any], now: datetime) -> None:
         if d is not None:
             what = f"{d['action']} / {d['reason']} → {d['status']} (audit id {d['id']})"
             table.add_row("last decision", f"{short_time(d['created_at'])} UTC {what}: {d['message']}")
+        lengths = e["by_context_length"]
+        for b in lengths["bands"]:
+            if b["alpha"] is None:
+                continue
+            span = f"{b['lo_tokens']:,}–{b['hi_tokens']:,}" if b["hi_tokens"] else f"≥ {b['lo_tokens']:,}"
+            ci = b["alpha_ci"]
+            table.add_row(
+                f"α̂ at {span} tokens",
+                f"{b['alpha']:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]  from {b['drafts']:,} drafts, {b['requests']} requests",
+            )
+        if any(b["alpha"] is not None for b in lengths["bands"]):
+            table.add_row("by context length", lengths["message"])
         ev = e["events"]
         table.add_row(
             f"events (last {data['events_window_s'] / 3600:g} h)",

@@ -35,6 +35,9 @@ def read_model_config(path: str | None) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+_MAX_HEADER_BYTES = 100 << 20  # safetensors caps its JSON header at 100 MB
+
+
 def count_params(path: str | None) -> int | None:
     """Parameters in a local model's safetensors files, read from their headers (no tensors loaded)."""
     if not path:
@@ -47,7 +50,12 @@ def count_params(path: str | None) -> int | None:
         for f in files:
             with f.open("rb") as fh:
                 (n,) = struct.unpack("<Q", fh.read(8))
+                # a corrupt file's "length" can be anything: never read more than the file holds
+                if not 0 < n <= min(f.stat().st_size - 8, _MAX_HEADER_BYTES):
+                    return None
                 header = json.loads(fh.read(n))
+            if not isinstance(header, dict):
+                return None
             for name, meta in header.items():
                 if name == "__metadata__":
                     continue
@@ -55,7 +63,7 @@ def count_params(path: str | None) -> int | None:
                 for dim in meta["shape"]:
                     count *= int(dim)
                 total += count
-    except (OSError, ValueError, KeyError, struct.error):
+    except (OSError, ValueError, KeyError, TypeError, struct.error):
         return None
     return total
 

@@ -42,6 +42,7 @@ from tuner.controller.evidence import (
 from tuner.controller.settings import ControllerSettings, PolicySettings
 from tuner.controller.step_cost import config_specs, step_cost_from_steps
 from tuner.store import Store, StoredConfig
+from tuner.store.shadow import shadow_evidence
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,9 @@ class DecisionContext:
     candidates: tuple[DraftCandidate, ...] = ()  # every candidate, the running one included
     trigger_windows: tuple[SpecWindow, ...] = ()  # the current config's windows over the swap duration
     history: Mapping[str, AcceptanceEvidence] = field(default_factory=dict)  # candidate name → measured α
+    # candidate name → α evidence from shadow replay of recorded traffic (tuner.shadow), within history_s;
+    # the draft choice adds it to ``history`` (both are this target's acceptance of that draft)
+    shadow: Mapping[str, AcceptanceEvidence] = field(default_factory=dict)
     failed: tuple[SpecConfig, ...] = ()  # configs that failed to apply or regressed lately (not proposed again)
     failed_candidates: frozenset[str] = frozenset()  # candidates whose draft is among them
     # the draft the 0.4 floor swapped out for the running one, while the running draft's acceptance has
@@ -256,6 +260,7 @@ def build_context(
         candidates=tuple(everyone),
         trigger_windows=spec_windows(store, keys, stored, now, settings.policy.swap.duration_s),
         history=measured_history(store, keys, now, settings.history_s, everyone, same_draft, memory.history),
+        shadow=shadow_evidence(store, now - timedelta(seconds=settings.history_s), [c.name for c in everyone]),
         failed_candidates=frozenset(c.name for c in everyone if any(same_draft(f, c) for f in failed)),
         floored=floored_out(store, keys, stored, everyone, settings, memory),
     ), memory

@@ -31,9 +31,11 @@ from tuner.actuators.base import Actuator
 from tuner.controller import manual
 from tuner.controller.apply import apply_config, in_force, roll_back
 from tuner.controller.audit import CHANGE, CHANGE_SOURCES, TickResult, record_configs, write_event
+from tuner.controller.candidates import current_candidate
 from tuner.controller.context import ControllerMemory, DecisionContext, DecisionInputs, build_context
 from tuner.controller.evidence import summarize, window_batches, windows_under
 from tuner.controller.guardrails import ControllerState, Proposal, check_guardrails, next_streak
+from tuner.controller.override_check import check_override
 from tuner.controller.policy import PolicyOutcome, propose
 from tuner.controller.recovery import config_to_start, recover
 from tuner.controller.settings import ControllerSettings
@@ -47,6 +49,7 @@ Policy = Callable[[DecisionContext], PolicyOutcome]
 Candidates = Callable[[], Sequence[DraftCandidate]]
 
 SUPERSEDED = "superseded"  # an override replaced by a newer one before it was applied
+REJECTED = "rejected"  # an override the daemon's own config refuses (K range, unknown draft, memory budget)
 
 
 class Controller:
@@ -76,6 +79,9 @@ class Controller:
     def sync_configs(self, now: datetime, applied_by: str = AppliedBy.STARTUP) -> None:
         """Record the actuator's config for engine series that have none or a different one
         (first scrape after a start: the collector has just learned the series' keys)."""
+        # Waits behind an apply on purpose: the collect job then stores no window while the engine changes
+        # under it, so no window of the new engine is tagged with the old config (it would pollute the old
+        # draft's measured history); the apply records the new config when it is in force.
         with self.lock:
             spec = in_force(self.actuator)
             if spec is None:
@@ -265,11 +271,27 @@ class Controller:
             self.store.update_decision(
                 older.id, status=SUPERSEDED, at=now, status_message=f"superseded by override {newest.id}"
             )
+        # re-validated here: the row may come from an older CLI, another config, or a hand edit
+        p = self.settings.policy
+        current = self.current_config(keys)
+        configured = tuple(self.candidates())
+        everyone = current_candidate(current.config.spec, configured, p.policy.cost_ratio)[1] if current else configured
+        problem = check_override(
+            newest.decision.proposed_config or {},
+            k_max=p.policy.k_max,
+            drafts=everyone,
+            memory=p.memory,
+            running_seqs=p.policy.max_batch_size,
+        )
         target = newest.decision.proposed
-        if target is None:
-            self.store.update_decision(
-                newest.id, status=DecisionStatus.FAILED, at=now, status_message="the override holds no usable config"
+        if problem is None and target is None:
+            problem = "override refused: it holds no usable config"
+        if problem is not None or target is None:
+            self.store.update_decision(newest.id, status=REJECTED, at=now, status_message=problem)
+            write_event(
+                self.store, now, keys, "override_rejected", "warning", f"Override {newest.id}: {problem}", newest.id
             )
+            log.warning("controller %s: override %d %s", self.settings.metrics_url, newest.id, problem)
             return None
         return newest.id, target
 
@@ -356,4 +378,4 @@ class Controller:
         return TickResult("verified", verdict.reason.value, message, d.id)
 
 
-__all__ = ["SUPERSEDED", "Controller", "ControllerSettings", "TickResult"]
+__all__ = ["REJECTED", "SUPERSEDED", "Controller", "ControllerSettings", "TickResult"]

@@ -105,11 +105,16 @@ def check_known_bad(s: GuardrailsSection, st: ControllerState, p: Proposal, now:
 
 
 def check_evidence(s: GuardrailsSection, st: ControllerState, p: Proposal, now: datetime) -> Block | None:
-    if p.drafts < s.min_drafts or p.evidence_s < s.min_evidence_s:
+    missing = []  # name only what is short: "2000 drafts ... needs 200 drafts" read as a contradiction
+    if p.drafts < s.min_drafts:
+        missing.append(f"{p.drafts} drafts of the {s.min_drafts} needed")
+    if p.evidence_s < s.min_evidence_s:
+        missing.append(f"{p.evidence_s:.0f} s of the {s.min_evidence_s:.0f} s of evidence needed")
+    if missing:
         return Block(
             BlockReason.INSUFFICIENT_EVIDENCE,
-            f"Only {p.drafts} drafts over {p.evidence_s:.0f} s under the current config; a change needs "
-            f"{s.min_drafts} drafts and {s.min_evidence_s:.0f} s.",
+            f"Not enough evidence under the current config yet: only {' and '.join(missing)} "
+            f"(have {p.drafts} drafts over {p.evidence_s:.0f} s).",
         )
     return None
 

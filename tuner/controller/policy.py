@@ -36,6 +36,7 @@ from policies.draft_choice import (
 )
 from policies.k_table import KTableSnapshot, k_table, table_gain_over_load
 from policies.memory import DraftFootprint
+from policies.shadow_replay import with_shadow
 from policies.spec_config import OFF, KRow, SpecConfig, method_drafts_at_k0
 from policies.step_cost import StepCostModel
 from tuner.controller.context import DecisionContext
@@ -171,6 +172,8 @@ def propose_k(ctx: DecisionContext, settings: PolicySettings) -> PolicyOutcome:
         "alpha_ci": list(ctx.alpha.alpha_ci or ()),
         "batch_size": batch,
     }
+    if choice.choice is not ModelChoice.CONSTANT_ALPHA:
+        details["acceptance_model"] = {"choice": choice.choice.value, "message": choice.message}
     if bins:
         details["load_bins"] = [[round(s, 1), round(b, 2)] for s, b in bins]
     if caps is not None:
@@ -289,7 +292,7 @@ def propose_swap(ctx: DecisionContext, settings: PolicySettings) -> PolicyOutcom
             current_k=k_now,
             windows=ctx.trigger_windows,
             candidates=allowed,
-            history=ctx.history,
+            history=with_shadow(ctx.history, ctx.shadow),
             batch_size=batch,
             k_max=p.k_max,
             step_cost=step_cost,

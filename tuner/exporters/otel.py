@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+from opentelemetry.sdk.metrics.export import MetricExportResult, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 
+from tuner.exporters.failure_log import FailureLog, for_endpoint
 from tuner.exporters.settings import OtlpSection
 from tuner.exporters.values import METRICS, Sample
 
@@ -31,11 +33,28 @@ def resource() -> Resource:
     return Resource.create({"service.name": SERVICE_NAME, "service.version": __version__})
 
 
+class _MetricExporter(OTLPMetricExporter):
+    """OTLP/HTTP metrics that tell the endpoint's :class:`FailureLog` when an export works again."""
+
+    def __init__(self, failures: FailureLog, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._failures = failures
+
+    def export(self, metrics_data: Any, timeout_millis: float | None = 10_000, **kwargs: Any) -> MetricExportResult:
+        result = super().export(metrics_data, timeout_millis=timeout_millis, **kwargs)
+        if result is MetricExportResult.SUCCESS:
+            self._failures.succeeded()
+        return result
+
+
 class OtlpMetricsExporter:
     def __init__(self, samples: Callable[[], Sequence[Sample]], settings: OtlpSection) -> None:
         self._samples = samples
-        exporter = OTLPMetricExporter(
-            endpoint=f"{settings.endpoint}/v1/metrics", headers=dict(settings.headers), timeout=settings.timeout_s
+        exporter = _MetricExporter(
+            for_endpoint(settings.endpoint),
+            endpoint=f"{settings.endpoint}/v1/metrics",
+            headers=dict(settings.headers),
+            timeout=settings.timeout_s,
         )
         self.reader = PeriodicExportingMetricReader(
             exporter,

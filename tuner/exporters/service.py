@@ -46,6 +46,8 @@ class ExportService:
             model_name=model_name,
             window_s=settings.window_s,
             cost_ratio=cost_ratio,
+            length_window_s=settings.length_window_s,
+            length_refresh_s=settings.length_refresh_s,
             confidence=confidence,
         )
         self._samples: list[Sample] = []

@@ -2,19 +2,42 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def is_loopback(host: str) -> bool:
+    """127.0.0.0/8, ::1 or localhost: reachable from this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a name other than localhost may resolve anywhere
+
+
 class PrometheusSection(_Section):
     enabled: bool = False
-    host: str = Field(default="127.0.0.1", description="bind address; 0.0.0.0 exposes it to the network")
+    host: str = Field(default="127.0.0.1", description="bind address; other than loopback needs allow_remote")
     port: int = Field(default=9464, ge=0, le=65535, description="0 picks a free port (tests)")
+    allow_remote: bool = Field(
+        default=False, description="let host be a non-loopback address (the figures then reach the network)"
+    )
+
+    @model_validator(mode="after")
+    def _loopback_unless_allowed(self) -> PrometheusSection:
+        if not self.allow_remote and not is_loopback(self.host):
+            raise ValueError(
+                f"host {self.host!r} is not a loopback address: the exporter would serve the network; bind "
+                "127.0.0.1 (and let a local Prometheus or a proxy reach it) or set allow_remote = true"
+            )
+        return self
 
 
 class OtlpSection(_Section):
@@ -36,6 +59,12 @@ class OtlpSection(_Section):
 class ExportersSection(_Section):
     window_s: float = Field(default=120.0, gt=0, description="figures over windows that ended in the last N s")
     refresh_interval_s: float = Field(default=15.0, gt=0, description="how often values are recomputed")
+    length_window_s: float = Field(
+        default=3600.0, gt=0, description="α̂ by context length over the tap's requests of the last N s"
+    )
+    length_refresh_s: float = Field(
+        default=60.0, gt=0, description="how often those bands are re-read (each read scans that window's requests)"
+    )
     prometheus: PrometheusSection = Field(default_factory=PrometheusSection)
     otlp: OtlpSection = Field(default_factory=OtlpSection)
 

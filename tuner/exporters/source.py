@@ -15,6 +15,7 @@ from typing import Any, cast
 from sqlalchemy import Table, select
 
 from collectors.records import EngineKey
+from policies.length_bands import LengthView
 from tuner.controller.evidence import summarize
 from tuner.exporters.values import (
     HEALTH_KINDS,
@@ -27,6 +28,7 @@ from tuner.exporters.values import (
 )
 from tuner.store import Store
 from tuner.store import deliveries as D
+from tuner.store.lengths import context_length_view
 from tuner.store.models import DecisionRow, EngineConfigRow, EventRow
 
 _decisions_t = cast(Table, DecisionRow.__table__)
@@ -56,6 +58,8 @@ class StoreSource:
         window_s: float = 120.0,
         cost_ratio: float = 0.05,
         confidence: float = 0.95,
+        length_window_s: float = 3600.0,
+        length_refresh_s: float = 60.0,
     ) -> None:
         self.store = store
         self.metrics_url = metrics_url
@@ -63,6 +67,9 @@ class StoreSource:
         self.window_s = window_s
         self.cost_ratio = cost_ratio
         self.confidence = confidence
+        self.length_window_s = length_window_s
+        self.length_refresh_s = length_refresh_s
+        self._length_cache: dict[str, tuple[datetime, LengthView | None]] = {}
         self.totals = CounterTotals()
         self._cur = _Cursors()
 
@@ -104,6 +111,7 @@ class StoreSource:
         window_specs = tuple(w.spec for w in windows if w.spec is not None)
         latest = self.store.latest_window(key)
         (predicted, realized), up = server if server is not None else self.server_state(server_ids)
+        lengths = self._lengths(key.model_name, now)
         return EngineSnapshot(
             key=key,
             now=now,
@@ -116,7 +124,22 @@ class StoreSource:
             up=up,
             predicted_speedup=predicted,
             realized_speedup=realized,
+            lengths=lengths,
         )
+
+    def _lengths(self, model_name: str, now: datetime) -> LengthView | None:
+        """α by context length over the last ``length_window_s`` (an hour: bands need many requests), read
+        at most once per ``length_refresh_s`` per model (each read scans that hour of request records)."""
+        cached = self._length_cache.get(model_name)
+        if cached is not None and (now - cached[0]).total_seconds() < self.length_refresh_s:
+            return cached[1]
+        since = now - timedelta(seconds=self.length_window_s)
+        view = context_length_view(
+            self.store, model_name, since, now + timedelta(microseconds=1), confidence=self.confidence
+        )
+        result = view if view.bands and any(b.requests for b in view.bands) else None
+        self._length_cache[model_name] = (now, result)
+        return result
 
     def server_state(self, server_ids: Sequence[int]) -> tuple[tuple[float | None, float | None], bool]:
         """What holds for the whole server: the last verified change's gains, and whether it is up."""

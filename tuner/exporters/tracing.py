@@ -13,11 +13,12 @@ from typing import Any
 
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.trace import Status, StatusCode, set_span_in_context
 
 from policies.spec_config import K_KEY
 from tuner.controller.audit import TickResult
+from tuner.exporters.failure_log import FailureLog, for_endpoint
 from tuner.exporters.otel import resource
 from tuner.exporters.settings import OtlpSection
 from tuner.store import StoredDecision
@@ -60,14 +61,31 @@ def decision_attributes(tick: TickResult, decision: StoredDecision | None, phase
     return attrs
 
 
+class _SpanExporter(OTLPSpanExporter):
+    """OTLP/HTTP spans that tell the endpoint's :class:`FailureLog` when an export works again."""
+
+    def __init__(self, failures: FailureLog, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._failures = failures
+
+    def export(self, spans: Any, *args: Any, **kwargs: Any) -> SpanExportResult:
+        result = super().export(spans, *args, **kwargs)
+        if result is SpanExportResult.SUCCESS:
+            self._failures.succeeded()
+        return result
+
+
 class DecisionTracer:
     """Owns a private ``TracerProvider`` with a ``BatchSpanProcessor`` (OTLP/HTTP by default)."""
 
     def __init__(self, settings: OtlpSection | None = None, *, exporter: SpanExporter | None = None) -> None:
         if exporter is None:
             assert settings is not None, "give OTLP settings or a span exporter"
-            exporter = OTLPSpanExporter(
-                endpoint=f"{settings.endpoint}/v1/traces", headers=dict(settings.headers), timeout=settings.timeout_s
+            exporter = _SpanExporter(
+                for_endpoint(settings.endpoint),
+                endpoint=f"{settings.endpoint}/v1/traces",
+                headers=dict(settings.headers),
+                timeout=settings.timeout_s,
             )
         self.provider = TracerProvider(resource=resource())
         self.provider.add_span_processor(BatchSpanProcessor(exporter))

@@ -17,6 +17,7 @@ from typing import Any, Literal
 from collectors.records import EngineKey
 from policies.acceptance import alpha_of_windows
 from policies.counters import SpecCounters
+from policies.length_bands import LengthView
 from policies.spec_config import SpecConfig
 
 Kind = Literal["gauge", "counter"]
@@ -65,6 +66,45 @@ METRICS: dict[str, MetricSpec] = {
         MetricSpec("spectuner_rollbacks_total", "counter", "Rollbacks (apply failed to come up, or regression)"),
         MetricSpec("spectuner_collector_errors_total", "counter", "Collector failure episodes by kind", "", ("kind",)),
         MetricSpec(
+            "spectuner_apply_requests_held_total",
+            "counter",
+            "Client requests held by the front door during applies",
+            "",
+            ("strategy",),
+        ),
+        MetricSpec(
+            "spectuner_apply_requests_failed_total",
+            "counter",
+            "Client requests failed during applies (errors of spectuner's making)",
+            "",
+            ("strategy",),
+        ),
+        MetricSpec(
+            "spectuner_apply_longest_hold_seconds",
+            "gauge",
+            "Longest a request was held in the last apply",
+            "s",
+            ("strategy",),
+        ),
+        MetricSpec(
+            "spectuner_alpha_by_context_length",
+            "gauge",
+            "alpha-hat of the requests whose context (prompt + half the output) falls in a length band",
+            "",
+            ("band",),
+        ),
+        MetricSpec(
+            "spectuner_context_length_collapse",
+            "gauge",
+            "1 when acceptance collapses on long contexts (a band clearly below 0.6 x the shortest band's, slope < 0)",
+        ),
+        MetricSpec(
+            "spectuner_speculation_cutoff_context_tokens",
+            "gauge",
+            "Context length from which speculation should be off (alpha clearly below 0.4); absent: nowhere",
+            "tokens",
+        ),
+        MetricSpec(
             "spectuner_alert_deliveries_total",
             "counter",
             "Alert deliveries by sink and outcome",
@@ -105,6 +145,8 @@ class EngineSnapshot:
     realized_speedup: float | None = None
     # the windows of ``spec`` one by one: α̂ is policies.acceptance.alpha_of_windows of these, as the controller's
     window_specs: tuple[SpecCounters, ...] = ()
+    # α by context length of the model's requests (the tap's records), when any were stored
+    lengths: LengthView | None = None
 
 
 def overhead_ratio(counters: SpecCounters, k: int, cost_ratio: float) -> float | None:
@@ -154,6 +196,14 @@ def engine_samples(snap: EngineSnapshot, *, cost_ratio: float, confidence: float
     if snap.last_window_end is not None:
         put("spectuner_last_scrape_age_seconds", max(0.0, (snap.now - snap.last_window_end).total_seconds()))
     put("spectuner_engine_up", 1.0 if snap.up else 0.0)
+    if snap.lengths is not None and snap.lengths.bands:
+        usable = [b for b in snap.lengths.bands if b.evidence.trials >= snap.lengths.settings.min_trials]
+        for b in usable:
+            band = f"{b.lo_tokens}-{b.hi_tokens}" if b.hi_tokens is not None else f"{b.lo_tokens}-"
+            put("spectuner_alpha_by_context_length", b.alpha, ("band", band))
+        if usable:
+            put("spectuner_context_length_collapse", 1.0 if snap.lengths.collapse else 0.0)
+        put("spectuner_speculation_cutoff_context_tokens", snap.lengths.cutoff_tokens)
     return out
 
 
@@ -200,6 +250,10 @@ class CounterTotals:
     rollbacks: dict[EngineLabels, int] = field(default_factory=dict)
     collector_errors: dict[tuple[str, str], int] = field(default_factory=dict)  # (url, kind)
     deliveries: dict[tuple[EngineLabels, str, str], int] = field(default_factory=dict)
+    # (labels, strategy) -> held / failed requests summed over applies; the last apply's longest hold
+    apply_held: dict[tuple[EngineLabels, str], int] = field(default_factory=dict)
+    apply_failed: dict[tuple[EngineLabels, str], int] = field(default_factory=dict)
+    apply_longest_hold_s: dict[tuple[EngineLabels, str], float] = field(default_factory=dict)
 
     @staticmethod
     def _add(table: dict[Any, int], key: object, n: int = 1) -> None:
@@ -220,6 +274,13 @@ class CounterTotals:
         err = collector_error_kind(kind, data)
         if err is not None:
             self._add(self.collector_errors, (str(data.get("url") or ""), err))
+        strategy = data.get("strategy")
+        if isinstance(strategy, str):  # an apply's audit event with its client impact (ApplyImpact)
+            held, failed, longest = data.get("requests_held"), data.get("requests_failed"), data.get("longest_hold_s")
+            self._add(self.apply_held, (labels, strategy), held if isinstance(held, int) else 0)
+            self._add(self.apply_failed, (labels, strategy), failed if isinstance(failed, int) else 0)
+            if isinstance(longest, int | float):
+                self.apply_longest_hold_s[(labels, strategy)] = float(longest)
 
     def add_deliveries(self, labels: EngineLabels, sink: str, outcome: str, n: int) -> None:
         self._add(self.deliveries, (labels, sink, outcome), n)
@@ -237,6 +298,13 @@ class CounterTotals:
             out.append(Sample("spectuner_draft_swaps_total", lab(labels), float(self.swaps.get(labels, 0))))
         for labels in sorted(shown | set(self.rollbacks)):
             out.append(Sample("spectuner_rollbacks_total", lab(labels), float(self.rollbacks.get(labels, 0))))
+        for name, table in (
+            ("spectuner_apply_requests_held_total", self.apply_held),
+            ("spectuner_apply_requests_failed_total", self.apply_failed),
+            ("spectuner_apply_longest_hold_seconds", self.apply_longest_hold_s),
+        ):
+            for (labels, strategy), value in sorted(table.items()):
+                out.append(Sample(name, (*lab(labels), ("strategy", strategy)), float(value)))
         for (labels, action, reason), n in sorted(self.decisions.items()):
             out.append(Sample("spectuner_decisions_total", (*lab(labels), ("action", action), ("reason", reason)), n))
         # A server-level count goes on the server's first engine series (as the controller records its

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tuner.lab.apply_load import side_by_side_cpu_env
 from tuner.lab.serve import LabServer
 
 LAB_STEP_COST: dict[str, float] = {
@@ -52,6 +53,11 @@ class LoopSettings:
     cooldown_s: float = 30.0
     verify_window_s: float = 40.0
     restart_downtime_s: float = 90.0
+    # The front door (docs/controller.md "Changes without an outage"): a tap inside the daemon on this
+    # port, which clients and the collector use; None: clients talk to the engine (plain restarts).
+    front_door_port: int | None = None
+    blue_green_port: int | None = None  # with the front door: auto picks blue/green (CPU: it fits)
+    strategy: str = "auto"
 
 
 def _toml_value(value: Any) -> str:
@@ -84,14 +90,15 @@ def lab_daemon_config(
         draft="none", k=0, port=server.port, models_dir=server.models_dir, workdir=server.workdir,
         max_num_seqs=settings.max_batch_size,
     )
+    door_url = f"http://127.0.0.1:{settings.front_door_port}" if settings.front_door_port else None
     parts = [
-        _table("engine", {"metrics_url": server.base_url}),
+        _table("engine", {"metrics_url": door_url or server.base_url}),
         _table(
             "speculative",
             {"method": start.method, "model": start.path if start.method != "ngram" else None,
              "num_speculative_tokens": settings.start_k},
         ),
-        _table("actuator", {"kind": "restart"}),
+        _table("actuator", {"kind": "restart", "strategy": settings.strategy}),
         _table(
             "actuator.restart",
             {"argv": bare.argv(), "startup_timeout_s": 300.0, "shutdown_timeout_s": 5.0,
@@ -126,6 +133,18 @@ def lab_daemon_config(
         ),
         _table("database", {"url": db_url}),
     ]
+    if settings.front_door_port is not None:
+        parts.append(
+            _table(
+                "actuator.front_door",
+                {"engine_url": server.base_url, "listen": f"127.0.0.1:{settings.front_door_port}",
+                 "blue_green_port": settings.blue_green_port, "device": "cpu", "max_hold_s": 300.0,
+                 "drain_timeout_s": 60.0,
+                 "env_by_port": {
+                     str(p): e for p, e in side_by_side_cpu_env((server.port, settings.blue_green_port)).items()
+                 } if settings.blue_green_port and server.port else None},
+            )
+        )
     for name in settings.candidates:
         info = manifest.drafts[name]
         parts.append(

@@ -33,6 +33,8 @@ from policies.acceptance import (
 from policies.counters import SpecCounters
 from policies.spec_config import SpecConfig
 from tuner.store import Store, StoredConfig, StoredDecision
+from tuner.store.lengths import context_length_view
+from tuner.store.shadow import latest_shadow_results
 
 # Bucket widths to choose from (seconds): the smallest that gives at most MAX_BUCKETS buckets.
 _BUCKET_LADDER_S = (10, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 43200, 86400, 7 * 86400)
@@ -171,6 +173,9 @@ class ReportData:
     decisions: list[DecisionPoint] = field(default_factory=list)
     goodput: list[GoodputByK] = field(default_factory=list)
     events: list[EventRow] = field(default_factory=list)
+    # engine label -> α by context length over the range (policies.length_bands.LengthView.to_dict)
+    context_length: dict[str, dict[str, Any]] = field(default_factory=dict)
+    shadow: list[dict[str, Any]] = field(default_factory=list)  # each candidate's newest shadow result
     missing: dict[str, str] = field(default_factory=dict)  # section -> why it is empty
     notes: dict[str, str] = field(default_factory=dict)  # section -> what a drawn figure leaves out
 
@@ -292,6 +297,11 @@ def gather(
     for d in store.decisions(since, until):
         data.decisions.append(_decision_point(d, labels))
     data.events = _events(store.events(since, until), labels)
+    for key in keys:
+        view = context_length_view(store, key.model_name, since, until)
+        if any(b.requests for b in view.bands):
+            data.context_length[labels[key]] = view.to_dict()
+    data.shadow = [r.to_json() for r in latest_shadow_results(store).values()]
     data.missing = _missing(data)
     data.notes = _notes(data)
     return data

@@ -94,6 +94,8 @@ def render(data: ReportData, images: dict[str, bytes | None]) -> str:
             parts.append(f'<p class="missing" id="missing-{section}">{escape(reason)}</p>')
         if section == "gains":
             parts.append(_decisions_table(data))
+    parts.append(_lengths_table(data))
+    parts.append(_shadow_table(data))
     parts.append(_events_table(data))
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
@@ -129,6 +131,48 @@ def _decisions_table(data: ReportData) -> str:
         for d in data.decisions
     )
     return f'<h3>Decisions</h3><table id="decisions">{head}{rows}</table>'
+
+
+def _ci(ci: list[float] | None) -> str:
+    return "—" if not ci else f"[{ci[0]:.3f}, {ci[1]:.3f}]"
+
+
+def _lengths_table(data: ReportData) -> str:
+    if not data.context_length:
+        return ""
+    parts = ['<h2 id="context-length">Acceptance by context length</h2>']
+    for label, view in data.context_length.items():
+        rows = "".join(
+            f"<tr><td>{b['lo_tokens']:,}–{'' if b['hi_tokens'] is None else format(b['hi_tokens'], ',')}</td>"
+            f'<td class="num">{b["requests"]}</td><td class="num">{b["drafts"]:,}</td>'
+            f'<td class="num">{"—" if b["alpha"] is None else format(b["alpha"], ".3f")}</td>'
+            f'<td class="num">{_ci(b["alpha_ci"])}</td></tr>'
+            for b in view["bands"]
+            if b["requests"]
+        )
+        parts.append(
+            f"<h3>{escape(label)}</h3><p>{escape(str(view['message']))}</p>"
+            '<table class="context-length"><tr><th>context tokens</th><th>requests</th><th>drafts</th>'
+            f"<th>α̂</th><th>interval</th></tr>{rows}</table>"
+        )
+    return "".join(parts)
+
+
+def _shadow_table(data: ReportData) -> str:
+    if not data.shadow:
+        return ""
+    rows = "".join(
+        f"<tr><td>{escape(r['candidate'])}</td><td>{escape(r['method'])}</td>"
+        f'<td class="num">{"—" if r["alpha"] is None else format(r["alpha"], ".3f")}</td>'
+        f'<td class="num">{_ci(r["alpha_ci"])}</td><td class="num">{r["drafts"]:,}</td>'
+        f"<td>{escape(r['computed_at'])}</td><td>{'greedy-only' if r['greedy_only'] else ''}</td></tr>"
+        for r in sorted(data.shadow, key=lambda r: -(r["alpha"] or 0.0))
+    )
+    return (
+        '<h2 id="shadow">Draft candidates measured on recorded traffic (shadow)</h2><table id="shadow-table">'
+        "<tr><th>candidate</th><th>method</th><th>α̂</th><th>interval</th><th>drafts</th><th>computed</th>"
+        f"<th></th></tr>{rows}</table>"
+    )
 
 
 def _events_table(data: ReportData) -> str:

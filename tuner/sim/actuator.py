@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from policies.spec_config import SpecConfig as TypedSpec
-from tuner.actuators.base import Actuator, ApplyResult, ApplyStatus, SpecConfig
+from policies.spec_config import SpecConfig
+from tuner.actuators.base import Actuator, ApplyResult, ApplyStatus, VllmSpec
 from tuner.sim.engine import SimConfig, SimEngine
 
 
@@ -62,7 +62,7 @@ class SimActuator(Actuator):
         self.current = engine.to_spec(start).to_vllm()
         self.stats = ActuatorStats()
 
-    def apply(self, config: SpecConfig) -> ApplyResult:
+    def apply(self, config: VllmSpec) -> ApplyResult:
         unchanged = self._unchanged(config)
         if unchanged is not None:
             return unchanged
@@ -70,7 +70,7 @@ class SimActuator(Actuator):
         at = self.clock.now
         self.stats.restarts += 1
         try:
-            target = self.engine.from_spec(TypedSpec.from_vllm(config))
+            target = self.engine.from_spec(SpecConfig.from_vllm(config))
         except ValueError:  # not a config vLLM would take
             target = None
         problem = (
@@ -98,5 +98,5 @@ class SimActuator(Actuator):
         self.stats.log.append(ApplyLog(at, label, ApplyStatus.APPLIED.value, e.restart_downtime_s))
         return ApplyResult(ApplyStatus.APPLIED, f"restarted with {label}", self.current, e.restart_downtime_s)
 
-    def start(self, config: SpecConfig) -> ApplyResult:
+    def start(self, config: VllmSpec) -> ApplyResult:
         return ApplyResult(ApplyStatus.UNCHANGED, "the simulated engine is already up", self.current)

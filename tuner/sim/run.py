@@ -50,6 +50,7 @@ from tuner.sim.actuator import SimActuator, SimClock
 from tuner.sim.baselines import Baseline, make_baseline
 from tuner.sim.engine import OFF, SimConfig, SimEngine
 from tuner.sim.scenario import Scenario, ScenarioError
+from tuner.sim.shadow import ShadowFeed
 from tuner.store import AppliedBy, EngineConfigRecord, Store, upgrade
 from tuner.store.tagging import ConfigTaggingSink
 from tuner.wiring import controller_settings, draft_candidates
@@ -333,6 +334,11 @@ def simulate(
             driver = ThinDriver(store, actuator, engine, make_baseline(policy, engine), clock, run, change_at)
     detector = _detector(scenario) if policy in CONTROLLER else None
     det = _DetectorRun(engine, start) if detector is not None else None
+    shadow = (
+        ShadowFeed(s, s.shadow, engine, np.random.default_rng([seed, 21]))
+        if s.shadow is not None and policy in CONTROLLER
+        else None
+    )
     hours = max(1, math.ceil(s.duration_s / 3600.0))
     hourly = np.zeros(hours)
     n_phases = len(s.load.phases)
@@ -363,6 +369,8 @@ def simulate(
                 continue
             driver.flush([_record(w, KEY) for w in ws], [st for st in (_step(w, KEY) for w in ws) if st is not None])
             clock.now = T0 + timedelta(seconds=t)
+            if shadow is not None and store is not None:
+                shadow.tick(clock.now, t, store)
             before = actuator.config
             driver.tick(clock.now)
             after_s = (clock.now - T0).total_seconds()

@@ -22,8 +22,11 @@ class ScenarioError(ValueError):
     def __init__(self, path: str, problems: list[str]) -> None:
         self.path = path
         self.problems = problems
-        lines = "\n".join(f"  - {p}" for p in problems)
-        super().__init__(f"scenario {path} has {len(problems)} problem(s):\n{lines}")
+        if len(problems) == 1:  # one line, as every CLI error
+            super().__init__(f"scenario {path}: {problems[0]}")
+        else:
+            lines = "\n".join(f"  - {p}" for p in problems)
+            super().__init__(f"scenario {path} has {len(problems)} problems:\n{lines}")
 
     def one_line(self) -> str:
         """The problems on one line (the CLI's error line)."""
@@ -216,6 +219,18 @@ class BaselineSection(_Section):
     ucb_k: list[int] = Field(default_factory=lambda: [1, 2, 3, 4, 6, 8], description="ucb: K per draft arm")
 
 
+class ShadowSection(_Section):
+    """Shadow evaluation of the drafts on sampled traffic (docs/shadow.md): every ``interval_s`` each
+    draft model and ngram candidate gets α evidence from ``tokens_per_run`` replayed output tokens
+    (binomially noisy), off by a per-run error of sd ``bias_sd`` (replay against serving); EAGLE-style
+    heads are not shadow-evaluated (they need the target's hidden states)."""
+
+    interval_s: float = Field(default=600.0, gt=0, description="time between shadow runs")
+    tokens_per_run: int = Field(default=2000, ge=1, description="recorded output tokens replayed per run")
+    k: int = Field(default=3, ge=1, le=16, description="K the replay drafts with")
+    bias_sd: float = Field(default=0.0, ge=0, lt=0.5, description="per-run error of the shadow α")
+
+
 class Scenario(_Section):
     name: str
     description: str = ""
@@ -229,6 +244,7 @@ class Scenario(_Section):
     load: LoadSection = Field(default_factory=LoadSection)
     controller: ControllerSection = Field(default_factory=ControllerSection)
     baselines: BaselineSection = Field(default_factory=BaselineSection)
+    shadow: ShadowSection | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> Scenario:
@@ -309,9 +325,11 @@ def load_scenario(path: str | Path) -> Scenario:
     """Read and validate a scenario file. Raises :class:`ScenarioError` naming every problem."""
     p = Path(path)
     try:
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ScenarioError(str(p), ["file not found; see bench/scenarios/ for examples"]) from None
+    except UnicodeDecodeError as exc:
+        raise ScenarioError(str(p), [f"not UTF-8 text (byte {exc.start}): is this a scenario TOML file?"]) from None
     except OSError as exc:
         raise ScenarioError(str(p), [f"cannot read the file: {exc}"]) from None
     try:

@@ -9,6 +9,10 @@ instead of failing to upgrade a read lock mid-transaction.
 
 from __future__ import annotations
 
+import os
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
@@ -20,10 +24,21 @@ SQLITE_BUSY_TIMEOUT_MS = 30_000
 WRITE_OPTION = "spectuner_write"
 
 
-def make_engine(url: str, *, busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS, echo: bool = False) -> Engine:
-    """An engine for ``url`` (already normalised or not); raises ``DatabaseUrlError`` on a bad URL."""
+def make_engine(
+    url: str, *, busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS, echo: bool = False, read_only: bool = False
+) -> Engine:
+    """An engine for ``url`` (already normalised or not); raises ``DatabaseUrlError`` on a bad URL.
+
+    ``read_only`` (status, history, report, db current): a SQLite file in a directory this user cannot
+    write is opened read-only, without the WAL set-up (which writes); see :func:`_read_only_creator`.
+    """
     parsed = parse_db_url(url)
     if parsed.get_backend_name() == "sqlite":
+        path = Path(parsed.database or "")
+        if read_only and path.exists() and not os.access(path.parent, os.W_OK | os.X_OK):
+            engine = create_engine(parsed, echo=echo, creator=_read_only_creator(path, busy_timeout_ms))
+            _configure_sqlite(engine, busy_timeout_ms, wal=False)
+            return engine
         engine = create_engine(
             parsed, echo=echo, connect_args={"timeout": busy_timeout_ms / 1000.0, "check_same_thread": False}
         )
@@ -32,7 +47,21 @@ def make_engine(url: str, *, busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS, echo
     return create_engine(parsed, echo=echo, pool_pre_ping=True, connect_args={"connect_timeout": 10})
 
 
-def _configure_sqlite(engine: Engine, busy_timeout_ms: int) -> None:
+def _read_only_creator(path: Path, busy_timeout_ms: int) -> Callable[[], sqlite3.Connection]:
+    """Connections that never write. SQLite cannot create a WAL index (``-shm``) in a read-only
+    directory: when a writer has it open (``-wal`` exists) a plain read-only open shares it; when none
+    does, nothing can change the file, so it is opened as immutable."""
+    wal = path.with_name(path.name + "-wal")
+
+    def connect() -> sqlite3.Connection:
+        flags = "mode=ro" if wal.exists() else "mode=ro&immutable=1"
+        uri = f"{path.absolute().as_uri()}?{flags}"
+        return sqlite3.connect(uri, uri=True, timeout=busy_timeout_ms / 1000.0, check_same_thread=False)
+
+    return connect
+
+
+def _configure_sqlite(engine: Engine, busy_timeout_ms: int, *, wal: bool = True) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
         # Hand transaction control to SQLAlchemy (pysqlite's implicit BEGIN is deferred and skips
@@ -41,8 +70,9 @@ def _configure_sqlite(engine: Engine, busy_timeout_ms: int) -> None:
         cursor = dbapi_connection.cursor()
         try:
             cursor.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
-            cursor.execute("PRAGMA journal_mode = WAL")
-            cursor.execute("PRAGMA synchronous = NORMAL")
+            if wal:  # setting the journal mode writes to the file
+                cursor.execute("PRAGMA journal_mode = WAL")
+                cursor.execute("PRAGMA synchronous = NORMAL")
             cursor.execute("PRAGMA foreign_keys = ON")
         finally:
             cursor.close()

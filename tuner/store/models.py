@@ -325,3 +325,29 @@ class CollectorBaselineRow(Base):
     engine_id: Mapped[int] = mapped_column(id_type(), ForeignKey("engines.id", ondelete="CASCADE"), primary_key=True)
     ts: Mapped[datetime]  # when the sample was taken
     sample: Mapped[dict[str, Any]]  # collectors.records.EngineSample as JSON (tuner.store.rows.sample_json)
+
+
+class ShadowEvidenceRow(Base):
+    """One shadow evaluation of a draft candidate on recorded traffic (``spectuner shadow run``): its α
+    evidence as the serving path would count it, with its sample size and when it was computed."""
+
+    __tablename__ = "shadow_evidence"
+    __table_args__ = (Index(None, "candidate", "computed_at"),)
+
+    id: Mapped[int] = _pk()
+    candidate: Mapped[str] = mapped_column(String(256))
+    method: Mapped[str] = mapped_column(String(64))
+    model_path: Mapped[str | None] = mapped_column(String(2048))
+    computed_at: Mapped[datetime]
+    samples: Mapped[int]  # recorded requests replayed
+    output_tokens: Mapped[int]
+    num_spec_tokens: Mapped[int] = mapped_column(Integer)  # K the replay drafted with
+    drafts: Mapped[int]
+    successes: Mapped[float]  # accepted draft tokens
+    failures: Mapped[float]  # steps that rejected a token
+    alpha: Mapped[float | None]
+    alpha_lo: Mapped[float | None]
+    alpha_hi: Mapped[float | None]
+    greedy_only: Mapped[bool] = mapped_column(Boolean)  # some samples were sampled, not greedy
+    tokenizer_check: Mapped[str] = mapped_column(String(64))  # "same_vocab" or why it was not checked
+    details: Mapped[dict[str, Any]]

@@ -7,6 +7,7 @@ a failed migration leaves the previous version intact.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,10 +16,12 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.util import CommandError
-from sqlalchemy import Engine
+from sqlalchemy import Engine, func, inspect, select, table
+from sqlalchemy.exc import DatabaseError
 
 import migrations
 from tuner.store.connect import WRITE_OPTION, make_engine
+from tuner.store.models import Base
 from tuner.store.url import normalize_db_url, parse_db_url, render_url, sqlite_path
 
 
@@ -40,6 +43,11 @@ class SchemaOutOfDateError(SchemaError):
 
 class SchemaTooNewError(SchemaError):
     """The schema was written by a newer spectuner; this one must not touch it."""
+
+
+class SchemaUnreadableError(SchemaError):
+    """The database cannot be read as a spectuner database (not a database file, a version table
+    with several rows...)."""
 
 
 class RevisionError(ValueError):
@@ -88,7 +96,7 @@ def current_revision(url: str) -> str | None:
     path = sqlite_path(normalized)
     if path is not None and not path.exists():
         return None
-    engine = make_engine(normalized)
+    engine = make_engine(normalized, read_only=True)
     try:
         return _current(engine)
     finally:
@@ -96,11 +104,36 @@ def current_revision(url: str) -> str | None:
 
 
 def _current(engine: Engine) -> str | None:
-    with engine.connect() as conn:
-        return MigrationContext.configure(conn).get_current_revision()
+    shown = render_url(engine.url)
+    try:
+        with engine.connect() as conn:
+            return MigrationContext.configure(conn).get_current_revision()
+    except CommandError as exc:  # alembic: more than one row in alembic_version
+        raise SchemaUnreadableError(
+            f"the database at {shown} has several revisions in its alembic_version table ({exc}); spectuner "
+            "never writes that: it was edited by hand or is another application's. Restore it from a backup "
+            "or point --db at another database"
+        ) from None
+    except DatabaseError as exc:
+        detail = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+        if engine.dialect.name == "sqlite" and ("not a database" in detail or "encrypted" in detail):
+            raise SchemaUnreadableError(
+                f"{shown} is not a SQLite database ({detail}); point --db at a spectuner database or a new file"
+            ) from None
+        raise
 
 
-def check_schema(url_or_engine: str | Engine) -> str:
+def _refuse_unknown(url: str, current: str | None, verb: str) -> None:
+    """A revision this code does not know was written by a newer spectuner: never migrate it."""
+    if current is None or current in {rev.revision for rev in script_directory().walk_revisions()}:
+        return
+    raise SchemaTooNewError(
+        f"cannot {verb} {render_url(url)}: its schema revision {current!r} is not one this spectuner knows "
+        f"(its newest is {head_revision()!r}); it was written by a newer spectuner: {verb} with that version"
+    )
+
+
+def check_schema(url_or_engine: str | Engine, *, read_only: bool = False) -> str:
     """Return the current revision if it is this code's head; otherwise raise a :class:`SchemaError`
     whose message names the command that fixes it."""
     if isinstance(url_or_engine, str):
@@ -112,7 +145,7 @@ def check_schema(url_or_engine: str | Engine) -> str:
                 f"create it with `{upgrade_command(url)}`",
                 upgrade_command(url),
             )
-        engine = make_engine(url)
+        engine = make_engine(url, read_only=read_only)
         try:
             return _check(engine, url)
         finally:
@@ -152,6 +185,12 @@ def upgrade(url: str, revision: str = "head") -> MigrationResult:
         raise RevisionError(
             f"cannot create {path}: directory {path.parent} does not exist; create it or choose another --db"
         )
+    if path is not None and not os.access(path.parent, os.W_OK | os.X_OK):
+        # SQLite writes its journal beside the file: a read-only directory fails even for an existing file.
+        raise RevisionError(
+            f"cannot write {path}: directory {path.parent} is not writable by this user; "
+            "fix its permissions or choose another --db"
+        )
     return _migrate(normalized, revision, up=True)
 
 
@@ -164,12 +203,77 @@ def downgrade(url: str, revision: str = "-1") -> MigrationResult:
     return _migrate(normalized, revision, up=False)
 
 
+@dataclass(frozen=True)
+class DowngradePlan:
+    """What a downgrade would remove: each table it drops with its row count (found by running the
+    downgrade in a transaction that is rolled back)."""
+
+    url: str  # password hidden
+    from_revision: str | None
+    to_revision: str | None
+    dropped: tuple[tuple[str, int], ...]
+
+    @property
+    def rows_lost(self) -> int:
+        return sum(n for _, n in self.dropped)
+
+
+def downgrade_plan(url: str, revision: str = "-1") -> DowngradePlan:
+    """What :func:`downgrade` to ``revision`` would drop, without changing anything."""
+    normalized = normalize_db_url(url)
+    path = sqlite_path(normalized)
+    if path is not None and not path.exists():
+        raise SchemaMissingError(f"no database at {render_url(normalized)}: nothing to downgrade")
+    cfg = alembic_config(normalized)
+    engine = make_engine(normalized)
+    try:
+        before = _current(engine)
+        _refuse_unknown(normalized, before, "downgrade")
+        with engine.execution_options(**{WRITE_OPTION: True}).connect() as conn:
+            trans = conn.begin()
+            try:
+                tables = set(inspect(conn).get_table_names())
+                counts = {t: int(conn.execute(select(func.count()).select_from(table(t))).scalar_one()) for t in tables}
+                cfg.attributes["connection"] = conn
+                command.downgrade(cfg, revision)
+                after_tables = set(inspect(conn).get_table_names())
+                after = MigrationContext.configure(conn).get_current_revision()
+            except CommandError as exc:
+                known = ", ".join(rev.revision for rev in script_directory().walk_revisions())
+                raise RevisionError(
+                    f"cannot downgrade {render_url(normalized)} to {revision!r} from {before!r}: {exc}. Known "
+                    f"revisions: {known}, plus 'head', 'base' and relative steps like -1"
+                ) from exc
+            finally:
+                trans.rollback()
+    finally:
+        engine.dispose()
+    dropped = tuple(sorted((t, counts[t]) for t in tables - after_tables - {"alembic_version"}))
+    return DowngradePlan(render_url(normalized), before, after, dropped)
+
+
+def foreign_tables(url: str) -> list[str]:
+    """Tables in the database that are not spectuner's (another application's), sorted."""
+    normalized = normalize_db_url(url)
+    path = sqlite_path(normalized)
+    if path is not None and not path.exists():
+        return []
+    engine = make_engine(normalized)
+    try:
+        with engine.connect() as conn:
+            names = set(inspect(conn).get_table_names())
+    finally:
+        engine.dispose()
+    return sorted(names - set(Base.metadata.tables) - {"alembic_version"})
+
+
 def _migrate(url: str, revision: str, *, up: bool) -> MigrationResult:
     parse_db_url(url)
     cfg = alembic_config(url)
     engine = make_engine(url)
     try:
         before = _current(engine)
+        _refuse_unknown(url, before, "upgrade" if up else "downgrade")
         with engine.execution_options(**{WRITE_OPTION: True}).begin() as conn:
             cfg.attributes["connection"] = conn
             try:

@@ -75,11 +75,14 @@ class Store:
     transaction commits, so a rolled-back batch cannot leave a dangling id behind.
     """
 
-    def __init__(self, url: str, *, check_schema: bool = True, echo: bool = False) -> None:
+    def __init__(self, url: str, *, check_schema: bool = True, echo: bool = False, read_only: bool = False) -> None:
         self.url = normalize_db_url(url)
         if check_schema:
-            _check_schema(self.url)  # before creating the engine: never create an empty SQLite file
-        self.engine: Engine = make_engine(self.url, echo=echo)
+            # before creating the engine: never create an empty SQLite file
+            _check_schema(self.url, read_only=read_only)
+        # read_only: for commands that only read (status, history, report), a SQLite file in a
+        # read-only directory is opened without writing (tuner.store.connect.make_engine).
+        self.engine: Engine = make_engine(self.url, echo=echo, read_only=read_only)
         self._writer = self.engine.execution_options(**{WRITE_OPTION: True})
         self._engine_ids: dict[EngineKey, int] = {}
         self._engine_keys: dict[int, EngineKey] = {}

@@ -73,7 +73,18 @@ def test_minimum_evidence(drafts: int, evidence_s: float, blocked: bool) -> None
     block = check_evidence(SETTINGS, STATE, replace(GOOD, drafts=drafts, evidence_s=evidence_s), T0)
     assert (block is not None) is blocked
     if block:
-        assert block.reason is BlockReason.INSUFFICIENT_EVIDENCE and "200 drafts" in block.message
+        assert block.reason is BlockReason.INSUFFICIENT_EVIDENCE and f"have {drafts} drafts" in block.message
+
+
+def test_the_evidence_message_names_only_what_is_missing() -> None:
+    time_short = check_evidence(SETTINGS, STATE, replace(GOOD, drafts=2000, evidence_s=30), T0)
+    assert time_short is not None
+    assert "30 s of the 60 s of evidence needed" in time_short.message and "drafts of the" not in time_short.message
+    drafts_short = check_evidence(SETTINGS, STATE, replace(GOOD, drafts=50, evidence_s=600), T0)
+    assert drafts_short is not None
+    assert "50 drafts of the 200 needed" in drafts_short.message and "s of evidence" not in drafts_short.message
+    both = check_evidence(SETTINGS, STATE, replace(GOOD, drafts=50, evidence_s=30), T0)
+    assert both is not None and "50 drafts of the 200 needed and 30 s of the 60 s" in both.message
 
 
 def test_gain_uses_the_lower_end_of_the_interval() -> None:

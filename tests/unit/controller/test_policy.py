@@ -1,7 +1,7 @@
 """spectuner's full policy (tuner/controller/policy.py ``propose``): draft swap, then K or the table.
 
 Contexts are built from i.i.d. acceptance counts with a known α (tests.fakes.make_context, as
-build_context does), so every expected outcome follows from the closed forms in DESIGN.md.
+build_context does), so every expected outcome follows from the closed forms in docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -220,7 +220,7 @@ def iid(alpha: float, k: int, drafts: int) -> SpecCounters:
 
 
 def test_propose_k_moves_to_leviathans_best_k() -> None:
-    # α = 0.8, c = 0.05 ⇒ K = 8 at batch 1 (DESIGN.md); from K = 2 the gain is well above 1.
+    # α = 0.8, c = 0.05 ⇒ K = 8 at batch 1 (docs/architecture.md); from K = 2 the gain is well above 1.
     out = propose_k(k_evidence(iid(0.8, 2, 20000), 2), PolicySettings(PolicySection(k_max=8, cost_ratio=0.05)))
     assert out.reason is PolicyReason.CHANGE_K and out.target is not None
     assert out.target.k == 8 and out.target.model == "/d"
@@ -235,3 +235,45 @@ def test_propose_k_keeps_the_best_and_skips_without_data() -> None:
     assert propose_k(k_evidence(SpecCounters(), 3), PolicySettings()).reason is PolicyReason.NO_DRAFTS
     off = propose_k(k_evidence(SpecCounters(), 0, method="off"), PolicySettings())
     assert off.reason is PolicyReason.NO_SPECULATION
+
+
+def _declining(drafts: int, conditional: tuple[float, ...]) -> SpecCounters:
+    """Counters of drafts whose conditional acceptance falls with position (as an EAGLE head's does)."""
+    per_pos: list[int] = []
+    reach = float(drafts)
+    for c in conditional:
+        reach *= c
+        per_pos.append(round(reach))
+    k = len(conditional)
+    return SpecCounters(drafts, drafts * k, sum(per_pos), tuple(per_pos), num_spec_tokens=k)
+
+
+def test_a_head_method_plans_k_with_per_position_acceptance() -> None:
+    """The same counters under EAGLE (a head on the target's hidden states) and under a separate draft
+    model: one α pooled over positions 0.95 → 0.35 overstates the deep positions, so the head method's
+    per-position model stops at a smaller K and says why in the audit details."""
+    windows = [_declining(400, (0.95, 0.8, 0.6, 0.45, 0.35)) for _ in range(30)]
+    settings = PolicySettings(PolicySection(k_max=8, cost_ratio=0.02))
+    head = propose_k(make_context(SpecConfig("eagle", "/heads/e1", 5), windows), settings)
+    draft = propose_k(make_context(SpecConfig("draft_model", "/drafts/d1", 5), windows), settings)
+    assert head.details["acceptance_model"]["choice"].startswith("positional")  # per position, with the reason
+    assert "acceptance_model" not in draft.details
+    k_head = head.target.k if head.target is not None else 5
+    k_draft = draft.target.k if draft.target is not None else 5
+    assert k_head is not None and k_draft is not None and k_head < k_draft
+
+
+def test_an_mtp_engine_is_a_running_candidate_without_a_draft_path() -> None:
+    ctx = make_context(SpecConfig("mtp", None, 2), [iid_counters(0.8, 2, 300) for _ in range(10)])
+    assert ctx.running is not None and ctx.running.method == "mtp" and ctx.running.path is None
+    assert not ctx.running.free and ctx.running.in_target
+
+
+def test_shadow_evidence_ranks_a_candidate_that_was_never_served() -> None:
+    # No serving history at all: shadow replay measured "good" at 0.2 over 20 000 tokens, so medium wins;
+    # without the shadow evidence good's optimistic prior would.
+    shadow = {"good": AcceptanceEvidence(successes=4000.0, failures=16000.0, drafts=16000.0)}
+    ctx = evidence(WEAK_SPEC, 0.25)
+    assert propose(ctx, SETTINGS).target.model == "/models/good"  # type: ignore[union-attr]
+    out = propose(replace(ctx, shadow=shadow), SETTINGS)
+    assert out.target is not None and out.target.model == "/models/medium"

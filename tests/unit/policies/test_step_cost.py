@@ -28,7 +28,7 @@ from policies.step_cost import (
     with_measured_cells,
 )
 
-# The lab's T(B, K) as bench_live pins it (fitted from LAB.md's table on a faster machine), in seconds;
+# The lab's T(B, K) as bench_live pins it (fitted from the lab table (docs/lab.md) on a faster machine), in seconds;
 # LOADED is the same engine with its draft model loaded.
 LAB = StepCostModel(fixed_s=0.00208, per_token_s=0.0000953, draft_fixed_s=0.001566, draft_per_seq_s=0.000217)
 LOADED = replace(LAB, draft_pass_at_k0=True)

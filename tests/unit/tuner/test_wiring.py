@@ -88,14 +88,29 @@ def test_daemon_builds_live_over_restart_with_the_plugin_env(tmp_path: Path) -> 
     assert isinstance(again, LiveActuator) and again.control.token == act.control.token
 
 
-def test_engine_managed_elsewhere_needs_an_existing_token(tmp_path: Path) -> None:
-    data = base(actuator={"kind": "live", "live": {"fallback": "command"}, "command": {"argv": ["apply"]}})
+def test_engine_managed_elsewhere_needs_an_existing_token_for_control_only(tmp_path: Path) -> None:
+    actuator = {"kind": "live", "live": {"fallback": "command"}, "command": {"argv": ["apply"]}}
+    data = base(plugin={"control_address": "127.0.0.1:8765"}, actuator=actuator)
     cfg = parse_config(data, base_dir=tmp_path)
     with pytest.raises(DaemonStartError, match=r"plugin token file .* does not exist"):
         build_actuator(cfg)
     (tmp_path / "plugin.token").write_text("shared-secret\n")
     act = build_actuator(cfg)
     assert isinstance(act, LiveActuator) and act.control.token == "shared-secret"
+
+
+def test_ingest_always_has_a_token(tmp_path: Path) -> None:
+    """The ingest endpoint never listens without a token: one is created (0600) for the plugin to read,
+    and an empty token file is refused, not taken as "no token"."""
+    actuator = {"kind": "live", "live": {"fallback": "command"}, "command": {"argv": ["apply"]}}
+    cfg = parse_config(base(actuator=actuator), base_dir=tmp_path)
+    ingest = build_step_ingest(cfg, sink=ListSink(), feed=StepFeed())
+    token_file = tmp_path / "plugin.token"
+    assert ingest is not None and ingest._token == token_file.read_text().strip().encode()
+    assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+    token_file.write_text("  \n")
+    with pytest.raises(DaemonStartError, match="is empty"):
+        build_step_ingest(cfg, sink=ListSink(), feed=StepFeed())
 
 
 def test_plugin_off_means_no_ingest_and_no_env(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from collectors.records import EngineKey
+from collectors.redact import scrub
 from tuner.alerts.dispatcher import backoff_delay_s
 from tuner.alerts.events import (
     alertmanager_payload,
@@ -26,7 +27,7 @@ from tuner.alerts.events import (
     slack_payload,
 )
 from tuner.alerts.settings import AlertsSection, SinkSection
-from tuner.alerts.sinks import scrub, signature
+from tuner.alerts.sinks import signature
 from tuner.store.deliveries import StoredEvent
 
 TS = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
@@ -162,3 +163,14 @@ def test_sink_names_are_unique() -> None:
     sink = {"name": "s", "kind": "webhook", "url": "http://x"}
     with pytest.raises(ValidationError, match="s appear more than once"):
         AlertsSection.model_validate({"sinks": [sink, sink]})
+
+
+def test_an_apply_event_carries_its_client_impact_to_every_sink() -> None:
+    e = ev("draft_swapped", "info", strategy="drain_hold", requests_held=4, longest_hold_s=33.2, requests_failed=0)
+    assert generic_payload(e, MAP)["data"]["requests_held"] == 4
+    assert slack_payload(e, MAP)["text"].endswith("clients: 4 held (longest 33.2 s), 0 failed [drain_hold]")
+    am = alertmanager_payload(e, MAP, 3600)[0]["annotations"]
+    assert am["client_impact"] == "clients: 4 held (longest 33.2 s), 0 failed [drain_hold]"
+    plain = ev("draft_swapped", "info")
+    assert "client_impact" not in alertmanager_payload(plain, MAP, 3600)[0]["annotations"]
+    assert "clients:" not in slack_payload(plain, MAP)["text"]

@@ -145,3 +145,24 @@ def test_ago() -> None:
     assert common.ago(NOW - timedelta(hours=2), NOW) == "2h ago"
     assert common.ago(NOW - timedelta(days=1, hours=3), NOW) == "1d3h ago"
     assert common.ago(None, NOW) == "—"
+
+
+def test_run_prints_a_blocked_tick_only_when_it_changes() -> None:
+    from tuner.cli.run import TickPrinter
+
+    p = TickPrinter()
+    shown = [
+        p.should_print(action, reason)
+        for action, reason in [
+            ("blocked", "override_waiting"),
+            ("blocked", "override_waiting"),
+            ("blocked", "override_waiting"),
+            ("blocked", "paused"),
+            ("blocked", "override_waiting"),
+            ("hold", "no_gain"),
+            ("blocked", "override_waiting"),
+            ("applied", "override"),
+            ("applied", "override"),
+        ]
+    ]
+    assert shown == [True, False, False, True, True, False, True, True, True]

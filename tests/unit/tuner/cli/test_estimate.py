@@ -48,7 +48,7 @@ def test_one_dump_sums_the_engines_since_start() -> None:
     a = data["accepted_tokens"]
     d = data["drafts"]
     last = e0.accepted_per_pos[-1] + e1.accepted_per_pos[-1]
-    assert data["alpha"] == pytest.approx(a / (a + d - last))  # DESIGN.md's MLE
+    assert data["alpha"] == pytest.approx(a / (a + d - last))  # the MLE of docs/architecture.md
     assert data["draft_acceptance_rate"] == pytest.approx(a / data["draft_tokens"])
     assert data["mean_acceptance_length"] == pytest.approx(1 + a / d)
     lo, hi = data["alpha_ci"]
@@ -161,3 +161,32 @@ def test_three_files_or_a_bad_confidence_are_refused() -> None:
     f = str(DATA / "synthetic_k5.prom")
     assert run("--metrics-file", f, "--metrics-file", f, "--metrics-file", f)[0] == 2
     assert run("--metrics-file", f, "--confidence", "1.5")[0] == 2
+
+
+def test_a_bom_is_ignored_and_binary_or_gzip_files_are_named(tmp_path: Path) -> None:
+    import gzip
+
+    page = (DATA / "lab_metrics_good_k3.prom").read_bytes()
+    bom = tmp_path / "bom.prom"
+    bom.write_bytes(b"\xef\xbb\xbf" + page)
+    code, out = run("--metrics-file", str(bom), "--json")
+    assert code == 0, out
+    _, plain = run("--metrics-file", str(DATA / "lab_metrics_good_k3.prom"), "--json")
+    assert json.loads(out)["alpha"] == json.loads(plain)["alpha"]
+    binary = tmp_path / "binary.prom"
+    binary.write_bytes(b"\x7fELF\x02\x01\x01\x00" + bytes(range(256)))
+    code, out = run("--metrics-file", str(binary))
+    assert code == 2 and "is binary data" in out
+    packed = tmp_path / "page.prom.gz"
+    packed.write_bytes(gzip.compress(page))
+    code, out = run("--metrics-file", str(packed))
+    assert code == 2 and "gzip" in out
+
+
+def test_two_dumps_given_newest_first_are_named() -> None:
+    older, newer = DATA / "lab_good_k3_loaded.prom", DATA / "lab_good_k3_loaded_more.prom"
+    code, out = run("--metrics-file", str(newer), "--metrics-file", str(older))
+    assert code == 2 and "give the older dump first" in out
+    assert run("--metrics-file", str(older), "--metrics-file", str(newer))[0] == 0
+    # a real restart between the dumps is still counted since the restart, not refused
+    assert run("--metrics-file", str(older), "--metrics-file", str(DATA / "lab_good_k3_restarted.prom"))[0] == 0

@@ -1,4 +1,4 @@
-"""`spectuner recommend`: the DESIGN.md contract, Leviathan's reference points, exit codes."""
+"""`spectuner recommend`: the CLI contract (docs/architecture.md), Leviathan's reference points, exit codes."""
 
 from __future__ import annotations
 

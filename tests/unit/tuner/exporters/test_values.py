@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -185,3 +186,43 @@ def test_prometheus_exposition_of_fixed_samples() -> None:
     assert 'spectuner_alpha{engine="0",model_name="llama"} 0.75' in text
     assert 'spectuner_decisions_total{action="apply",engine="0",model_name="llama",reason="change_k"} 2.0' in text
     assert "# TYPE spectuner_engine_up gauge" in text  # described even with no sample
+
+
+def test_apply_events_carry_their_client_impact_into_counters() -> None:
+    from tuner.exporters.values import METRICS, CounterTotals
+
+    totals = CounterTotals()
+    labels = ("0", "m")
+    data = {"strategy": "drain_hold", "requests_held": 4, "requests_failed": 0, "longest_hold_s": 33.2}
+    totals.add_event(labels, "draft_swapped", data)
+    totals.add_event(labels, "draft_swapped", {**data, "requests_held": 2, "longest_hold_s": 20.0})
+    totals.add_event(labels, "k_changed", {"status": "applied"})  # no impact: counted nowhere
+    samples = {(s.name, s.labels[-1][1]): s.value for s in totals.samples([]) if s.name.startswith("spectuner_apply")}
+    assert samples == {
+        ("spectuner_apply_requests_held_total", "drain_hold"): 6.0,
+        ("spectuner_apply_requests_failed_total", "drain_hold"): 0.0,
+        ("spectuner_apply_longest_hold_seconds", "drain_hold"): 20.0,
+    }
+    assert all(name in METRICS for name, _ in samples)
+
+
+def test_context_length_gauges_carry_each_usable_band_the_collapse_and_the_cutoff() -> None:
+    """α̂ per length band (bands with too few draft tokens left out), the collapse flag and the cut-off, from
+    the same view ``spectuner status`` shows; nothing at all without request records."""
+    from policies.length_bands import length_view
+    from tests.unit.policies.test_length_bands import request
+
+    rng = np.random.default_rng(0)
+    plan = [(600, 0.8), (1500, 0.8), (3000, 0.7), (6000, 0.55), (12000, 0.4), (20000, 0.2), (40000, 0.15)]
+    view = length_view([request(rng, p, a) for p, a in plan for _ in range(30)])
+    assert view.collapse and view.cutoff_tokens == 16384
+    samples = engine_samples(snap(lengths=view), cost_ratio=0.05)
+    bands = {dict(s.labels)["band"]: s.value for s in samples if s.name == "spectuner_alpha_by_context_length"}
+    usable = [b for b in view.bands if b.evidence.trials >= view.settings.min_trials]
+    assert len(bands) == len(usable) >= 5
+    assert bands["16384-32768"] == pytest.approx(next(b.alpha for b in usable if b.lo_tokens == 16384))
+    flat = values(samples)
+    assert flat["spectuner_context_length_collapse"] == 1.0
+    assert flat["spectuner_speculation_cutoff_context_tokens"] == 16384.0
+    quiet = values(engine_samples(snap(), cost_ratio=0.05))
+    assert "spectuner_context_length_collapse" not in quiet and "spectuner_alpha_by_context_length" not in quiet

@@ -186,3 +186,31 @@ def test_spectuner_stepcost_re_pins_the_true_step_cost_of_the_draft_in_force(mon
         finally:
             store.close()
     assert [s.pinned_step_cost for s in seen] == [engine.cost["llama-1b"]]
+
+
+def _degrading_with_a_hopeful_candidate(shadow: dict[str, Any] | None) -> Scenario:
+    # The 8B draft goes bad after 30 min; a fourth candidate ("hopeful") is expected at 0.9 by its
+    # operator but really accepts 0.15 on this traffic.
+    data = tomllib.loads((SCENARIOS / "gpu_degrading.toml").read_text())
+    data["drafts"][0]["alpha_schedule"] = [[0, 0.75], [1800, 0.75], [1860, 0.3]]
+    hopeful = {**data["drafts"][1], "name": "hopeful", "alpha": 0.15, "prior_alpha": 0.9}
+    data["drafts"].append(hopeful)
+    data = {**data, "duration_s": 1800 + 1200, "change_at_s": 1800}
+    if shadow is not None:
+        data["shadow"] = shadow
+    return parse_scenario(data)
+
+
+def test_shadow_evidence_steers_the_swap_away_from_an_optimistic_prior() -> None:
+    outcomes = {}
+    sampled = {"interval_s": 600, "tokens_per_run": 3000, "bias_sd": 0.02}
+    for label, shadow in (("prior only", None), ("shadow", sampled)):
+        scenario = _degrading_with_a_hopeful_candidate(shadow)
+        engine = SimEngine(scenario)
+        with StoreFactory() as stores:
+            run = simulate(scenario, engine, "spectuner", start_config(scenario), stores=stores)
+        outcomes[label] = run.timeline
+    # on its prior alone the controller tries the hopeful draft; measured on sampled traffic it is never tried
+    assert any(label.startswith("hopeful/") for _, label in outcomes["prior only"]), outcomes
+    assert not any(label.startswith("hopeful/") for _, label in outcomes["shadow"]), outcomes
+    assert outcomes["shadow"][-1][1].startswith("llama-1b/"), outcomes
