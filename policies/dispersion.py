@@ -49,15 +49,6 @@ class DispersionSums:
             self.successes_sq_per_trial + successes * successes / trials,
         )
 
-    def __add__(self, other: DispersionSums) -> DispersionSums:
-        """The sums over both sets of groups (sums of disjoint windows add)."""
-        return DispersionSums(
-            self.windows + other.windows,
-            self.trials + other.trials,
-            self.successes + other.successes,
-            self.successes_sq_per_trial + other.successes_sq_per_trial,
-        )
-
     @property
     def informative(self) -> bool:
         """Some trials and a pooled rate strictly between 0 and 1 (else X² is undefined)."""
