@@ -30,6 +30,7 @@ from typing import Any
 from scipy import optimize, stats
 
 from policies.counters import SpecCounters
+from policies.dispersion import window_dispersion
 
 
 class AlphaReason(StrEnum):
@@ -234,6 +235,7 @@ class AlphaEstimate:
     message: str
     confidence: float = 0.95
     evidence: AcceptanceEvidence | None = None
+    dispersion: float = 1.0  # between-window φ ≥ 1 behind alpha_ci (policies.dispersion)
 
     def to_dict(self) -> dict[str, Any]:
         """Exactly the keys of ``spectuner estimate --json``."""
@@ -390,19 +392,43 @@ def alpha_of_windows(windows: Sequence[SpecCounters], confidence: float = 0.95) 
         summed = summed + spec
     estimate = estimate_alpha(summed, confidence=confidence)
     effective = [e for e in (effective_counters(w) for w in windows) if e is not None]
+    phi = window_dispersion(
+        (ev.successes, ev.trials)
+        for ev in (evidence_from_counters(e).evidence for e in effective if e.drafts > 0)
+        if ev is not None
+    )
     ks = {e.k for e in effective if e.drafts > 0}
     if len(ks) <= 1 and (not ks or ks == {summed.k}):
-        return estimate
+        return _honest(estimate, phi, confidence)
     pooled = pool_evidence(effective)
     if pooled.evidence is None:
-        return estimate
+        return _honest(estimate, phi, confidence)
     alpha, ci = estimate_alpha_from_evidence(pooled.evidence, confidence)
     if alpha is None or ci is None:
-        return estimate
+        return _honest(estimate, phi, confidence)
+    return _honest(
+        replace(
+            estimate,
+            alpha=alpha,
+            alpha_ci=ci,
+            evidence=pooled.evidence,
+            message=f"α = {alpha:.3f} (interval {ci[0]:.3f}–{ci[1]:.3f}) pooled over windows at K = {sorted(ks)}.",
+        ),
+        phi,
+        confidence,
+    )
+
+
+def _honest(estimate: AlphaEstimate, phi: float, confidence: float) -> AlphaEstimate:
+    """The estimate with its interval widened by the windows' over-dispersion φ (counts divided by φ):
+    windows that vary more than binomial sampling explains carry less information than their drafts."""
+    if phi <= 1.0 or estimate.evidence is None or estimate.alpha is None:
+        return replace(estimate, dispersion=phi)
+    ci = alpha_interval(estimate.evidence.scaled(1.0 / phi), confidence)
     return replace(
         estimate,
-        alpha=alpha,
         alpha_ci=ci,
-        evidence=pooled.evidence,
-        message=f"α = {alpha:.3f} (interval {ci[0]:.3f}–{ci[1]:.3f}) pooled over windows at K = {sorted(ks)}.",
+        dispersion=phi,
+        message=f"{estimate.message} Windows vary {phi:.1f}× more than independent tokens would: interval "
+        f"{ci[0]:.3f}–{ci[1]:.3f}.",
     )

@@ -10,8 +10,11 @@ Two one-sided CUSUMs run on each window's log-likelihood ratio of "α moved by `
 With likelihood-ratio increments the in-control average run length is at least e^h windows (Lorden
 1971), so h = log(2·ARL₀) per side bounds the two-sided false-alarm rate by the configured one (the
 measured rate, in bench/, is lower: the bound is conservative). α₀ is estimated from the windows since
-the last alarm, and detection waits until that reference has ``min_reference_trials``. φ (over-dispersion,
-≥ 1) shrinks the increments of correlated data, which would otherwise alarm far too often.
+the last alarm, and detection waits until that reference has ``min_reference_trials`` and
+``min_reference_windows``. φ (over-dispersion, ≥ 1) shrinks the increments of correlated data, which would
+otherwise alarm far too often: it is estimated from the reference's own windows
+(:class:`policies.dispersion.DispersionSums`, Pearson's statistic between windows), never below the
+configured ``dispersion``.
 After an alarm the evidence gathered since the CUSUM left zero becomes the new reference.
 """
 
@@ -23,6 +26,7 @@ from datetime import datetime
 from enum import StrEnum
 
 from policies.acceptance import AcceptanceEvidence
+from policies.dispersion import MIN_WINDOWS, DispersionSums
 
 
 @dataclass(frozen=True)
@@ -38,7 +42,10 @@ class ChangeDetectorConfig:
     min_reference_trials: float = 2000.0
     """Checked tokens in the reference before alarms are allowed (±0.02 on α at α ≈ 0.6)."""
     dispersion: float = 1.0
-    """Over-dispersion φ ≥ 1 of the windows (1: binomial sampling alone)."""
+    """Least over-dispersion φ ≥ 1 of the windows (1: binomial sampling alone); the reference's
+    measured φ is used when larger."""
+    min_reference_windows: int = 3 * MIN_WINDOWS
+    """Windows in the reference before alarms are allowed (what φ is estimated from)."""
 
     def __post_init__(self) -> None:
         checks = (
@@ -47,6 +54,7 @@ class ChangeDetectorConfig:
             ("shift", 0 < self.shift < 1),
             ("min_reference_trials", self.min_reference_trials >= 0),
             ("dispersion", self.dispersion >= 1),
+            ("min_reference_windows", self.min_reference_windows >= 0),
         )
         for name, ok in checks:
             value = getattr(self, name)
@@ -69,6 +77,7 @@ class ChangeDetectorState:
     """Everything the detector remembers between windows. Start with ``ChangeDetectorState()``."""
 
     reference: AcceptanceEvidence = field(default_factory=AcceptanceEvidence)
+    spread: DispersionSums = field(default_factory=DispersionSums)  # the reference's windows (φ)
     up: float = 0.0
     down: float = 0.0
     up_since: AcceptanceEvidence = field(default_factory=AcceptanceEvidence)
@@ -111,14 +120,17 @@ def update_change_detector(
     """Feed one window; get the decision and the next state. Purely computational."""
     h = config.threshold
     ref = state.reference
-    if ref.trials < config.min_reference_trials or ref.trials <= 0:
-        new = replace(state, reference=ref + window, windows=state.windows + 1)
+    spread = state.spread.add(window.successes, window.trials)
+    warming = state.spread.windows < config.min_reference_windows
+    if ref.trials < config.min_reference_trials or ref.trials <= 0 or warming:
+        new = replace(state, reference=ref + window, spread=spread, windows=state.windows + 1)
         alpha_ref = ref.successes / ref.trials if ref.trials > 0 else None
         return (
             ChangeDecision(
                 ChangeReason.WARMING_UP,
                 f"Collecting a reference: {new.reference.trials:.0f} of "
-                f"{config.min_reference_trials:.0f} checked tokens.",
+                f"{config.min_reference_trials:.0f} checked tokens, {new.spread.windows} of "
+                f"{config.min_reference_windows} windows.",
                 alpha_ref,
                 None,
                 None,
@@ -131,8 +143,9 @@ def update_change_detector(
     a0 = min(max(ref.successes / ref.trials, _EPS), 1 - _EPS)
     up_alt = min(a0 + config.shift, 1 - _EPS)
     down_alt = max(a0 - config.shift, _EPS)
-    z_up = _llr(window, a0, up_alt) / config.dispersion
-    z_down = _llr(window, a0, down_alt) / config.dispersion
+    phi = max(config.dispersion, state.spread.phi)
+    z_up = _llr(window, a0, up_alt) / phi
+    z_down = _llr(window, a0, down_alt) / phi
     up, up_since, up_start = _step(state.up, z_up, state.up_since, state.up_start, window, now)
     down, down_since, down_start = _step(state.down, z_down, state.down_since, state.down_start, window, now)
     fired = None
@@ -143,6 +156,7 @@ def update_change_detector(
     if fired is None:
         nxt = ChangeDetectorState(
             reference=ref + window,
+            spread=spread,
             up=up,
             down=down,
             up_since=up_since,
@@ -155,7 +169,7 @@ def update_change_detector(
         return (
             ChangeDecision(
                 ChangeReason.STABLE,
-                f"α stable at {a0:.3f} (CUSUM up {up:.2f}, down {down:.2f}, threshold {h:.2f}).",
+                f"α stable at {a0:.3f} (CUSUM up {up:.2f}, down {down:.2f}, threshold {h:.2f}, φ {phi:.1f}).",
                 a0,
                 None,
                 None,

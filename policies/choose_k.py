@@ -45,6 +45,10 @@ class KChoiceSnapshot:
     current_k: int | None = None
     confidence: float = 0.95
     k0_is_off: bool = True  # K = 0 restarts without a draft; False: a table's K = 0, draft still loaded
+    # When KV memory caps the batch: the sequences that fit at each K (index K; K = 0 without the draft,
+    # policies.memory.KvCapacity.max_batch). ``batch_size`` is then the demand (requests running + waiting)
+    # and each K runs min(demand, its cap); its speedup is over plain decoding at plain decoding's batch.
+    batch_caps: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         check_k(self.k_max, "K_max")
@@ -54,6 +58,14 @@ class KChoiceSnapshot:
             raise ValueError("a memory budget needs the draft's footprint and vice versa")
         if self.current_k is not None:
             check_k(self.current_k, "current K")
+        if self.batch_caps is not None and len(self.batch_caps) <= self.k_max:
+            raise ValueError(f"batch caps need one entry per K = 0..{self.k_max} but got {len(self.batch_caps)}")
+
+    def batch_at(self, k: int) -> int:
+        """The batch K runs: the batch size, or the demand up to K's memory cap."""
+        if self.batch_caps is None:
+            return self.batch_size
+        return max(0, min(self.batch_size, self.batch_caps[k]))
 
 
 class KReason(StrEnum):
@@ -97,14 +109,17 @@ class KDecision:
 
 def evaluate_k(snapshot: KChoiceSnapshot, k: int) -> KOption:
     """Goodput and speedup of one K at the snapshot's batch size (memory check included)."""
-    b = snapshot.batch_size
+    b = snapshot.batch_at(k)
     model = snapshot.step_cost
     e = snapshot.acceptance.expected_tokens(k)
     e_lo, e_hi = snapshot.acceptance.expected_tokens_interval(k)
     off = k == 0 and snapshot.k0_is_off
     t_0 = model.plain_step_time_s(b)
     t_k = t_0 if off else model.step_time_s(b, k)
-    speedup = e * t_0 / t_k
+    # plain decoding's throughput at its own batch over this K's at b (1 unless memory caps them apart)
+    b_0 = max(snapshot.batch_at(0), 1)
+    batch_ratio = (b / t_0) / (b_0 / model.plain_step_time_s(b_0))
+    speedup = e * t_0 / t_k * batch_ratio
     z = NormalDist().inv_cdf(0.5 + snapshot.confidence / 2.0)
     # log-scale sd of E from its interval, and of T(B,0)/T(B,K) from the fit's covariance
     sd_e = (math.log(max(e_hi, 1e-12)) - math.log(max(e_lo, 1e-12))) / (2.0 * z)
@@ -117,7 +132,7 @@ def evaluate_k(snapshot: KChoiceSnapshot, k: int) -> KOption:
         sd_t = math.sqrt(max(float(g @ np.array(model.covariance) @ g), 0.0))
     sd = math.hypot(sd_e, sd_t)
     if sd_t == 0.0:
-        ci = (e_lo * t_0 / t_k, e_hi * t_0 / t_k)  # exact mapping when only E is uncertain
+        ci = (e_lo * t_0 / t_k * batch_ratio, e_hi * t_0 / t_k * batch_ratio)  # exact when only E is uncertain
     else:
         ci = (speedup * math.exp(-z * sd), speedup * math.exp(z * sd))
     fits, note = True, ""
@@ -225,16 +240,21 @@ class LoadGoodput:
 
 
 def goodput_over_load(
-    acceptance: AcceptanceModel, step_cost: StepCostModel, bins: Sequence[tuple[float, float]], k: int
+    acceptance: AcceptanceModel,
+    step_cost: StepCostModel,
+    bins: Sequence[tuple[float, float]],
+    k: int,
+    cap: int | None = None,
 ) -> LoadGoodput:
     """Σ seconds · B · E[tokens per step](K) / T(B, K) over the bins, per second of the profile: what one K
     would have generated over the load seen (the fixed-K oracle's criterion). K = 0 is an engine without
-    a draft."""
+    a draft. ``cap``: the sequences that fit memory at this K (a bin's demand above it waits)."""
     e = acceptance.expected_tokens(k)
     e_lo, e_hi = acceptance.expected_tokens_interval(k)
     total_s = sum(s for s, _ in bins)
     step_s = step_cost.plain_step_time_s if k == 0 else (lambda b: step_cost.step_time_s(b, k))
-    rate = sum(s * b / step_s(b) for s, b in bins) / total_s if total_s > 0 else 0.0
+    runs = [(s, b if cap is None else min(b, float(cap))) for s, b in bins]
+    rate = sum(s * b / step_s(b) for s, b in runs if b > 0) / total_s if total_s > 0 else 0.0
     return LoadGoodput(k, e * rate, (e_lo * rate, e_hi * rate))
 
 
@@ -258,14 +278,19 @@ def choose_k_over_load(
     current_k: int,
     failed_ks: frozenset[int] = frozenset(),
     ceiling: int | None = None,
+    batch_caps: tuple[int, ...] | None = None,
 ) -> tuple[KDecision, tuple[tuple[float, float], ...]]:
     """:func:`choose_k`'s decision, re-ranked for what the controller can apply: every K is scored over
     the load profile when the load varied (one K must serve all of it, weighted by time; else at the
     decision's batch size), Ks in ``failed_ks`` and Ks at or above ``ceiling`` (except the current K)
-    are left out. Returns the decision (its gain against ``current_k``) and the load bins it used."""
+    are left out; ``batch_caps`` (per K, as :class:`KChoiceSnapshot`'s) cap each bin's demand. Returns the
+    decision (its gain against ``current_k``) and the load bins it used."""
     bins = load_bins(load_profile)
     if len(bins) >= 2:
-        scores = {o.k: goodput_over_load(acceptance, step_cost, bins, o.k) for o in decision.by_k}
+        scores = {
+            o.k: goodput_over_load(acceptance, step_cost, bins, o.k, None if batch_caps is None else batch_caps[o.k])
+            for o in decision.by_k
+        }
         value = {k: g.tokens_per_s for k, g in scores.items()}
         interval = {k: g.interval for k, g in scores.items()}
         seconds = sum(s for s, _ in bins)

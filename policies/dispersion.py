@@ -1,21 +1,87 @@
 """Over-dispersion: how much more acceptance varies between groups than the binomial model allows.
 
 Purely computational. Real drafts are not i.i.d.: a request full of boilerplate accepts almost
-everything, one of random words almost nothing, and consecutive tokens are correlated. Intervals that
-assume independent tokens are then too narrow. Given the same quantity measured in several groups
-(requests, or scrape windows), the Pearson statistic against the pooled per-position rates estimates
-the quasi-likelihood dispersion φ = X² / dof; counts divided by φ give honest interval widths.
+everything, one of random words almost nothing, consecutive tokens are correlated, and the prompt mix
+changes from one scrape window to the next. Intervals that assume independent tokens are then too
+narrow (an interval from 492 k drafts pooled as independent trials is false precision when windows
+wander). Given the same quantity measured in several groups (requests, or scrape windows), the
+quasi-likelihood dispersion is Pearson's statistic against the pooled rate over its degrees of freedom,
+
+    X² = Σ_i (s_i − n_i·p)² / (n_i·p·(1 − p)),   p = Σ s_i / Σ n_i,   φ = max(1, X² / dof),
+
+summed per draft position for per-position data. Counts divided by φ give honest interval widths, and a
+likelihood-ratio statistic divided by φ keeps a change detector's false-alarm rate near its target.
+
+Two entry points share the one statistic (:class:`DispersionSums`, four running sums that can be kept
+window by window): :func:`window_dispersion` for one rate per scrape window (decisions: α̂'s interval,
+the change detector, the swap trigger) and :func:`estimate_dispersion` for per-position groups (the
+per-position acceptance model).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-import numpy as np
-
 from policies.positional import PositionData
+
+MIN_WINDOWS = 5  # fewer windows: between-window φ is not estimated (1, binomial sampling alone)
+
+
+@dataclass(frozen=True)
+class DispersionSums:
+    """Σ n, Σ s, Σ s²/n over groups with trials, and how many there were."""
+
+    windows: int = 0
+    trials: float = 0.0
+    successes: float = 0.0
+    successes_sq_per_trial: float = 0.0
+
+    def add(self, successes: float, trials: float) -> DispersionSums:
+        """The sums with one more group (a group without trials adds nothing)."""
+        if trials <= 0:
+            return self
+        return DispersionSums(
+            self.windows + 1,
+            self.trials + trials,
+            self.successes + successes,
+            self.successes_sq_per_trial + successes * successes / trials,
+        )
+
+    @property
+    def informative(self) -> bool:
+        """Some trials and a pooled rate strictly between 0 and 1 (else X² is undefined)."""
+        return self.trials > 0 and 0.0 < self.successes < self.trials
+
+    @property
+    def statistic(self) -> float:
+        """Pearson's X² against the pooled rate; 0 when not :attr:`informative`."""
+        if not self.informative:
+            return 0.0
+        p = self.successes / self.trials
+        # Σ (s − n p)² / n = Σ s²/n − 2 p Σ s + p² Σ n
+        return max(0.0, self.successes_sq_per_trial - 2 * p * self.successes + p * p * self.trials) / (p * (1 - p))
+
+    @property
+    def dof(self) -> int:
+        """Groups − 1 when :attr:`informative`, else 0."""
+        return self.windows - 1 if self.informative else 0
+
+    @property
+    def phi(self) -> float:
+        """Between-window φ ≥ 1; 1 when fewer than :data:`MIN_WINDOWS` windows or a rate of exactly 0 or 1."""
+        if self.windows < MIN_WINDOWS or self.dof <= 0:
+            return 1.0
+        return max(1.0, self.statistic / self.dof)
+
+
+def window_dispersion(windows: Iterable[tuple[float, float]]) -> float:
+    """Between-window φ of (successes, trials) per window (see the module doc)."""
+    sums = DispersionSums()
+    for s, n in windows:
+        sums = sums.add(s, n)
+    return sums.phi
 
 
 class DispersionReason(StrEnum):
@@ -36,7 +102,7 @@ class DispersionEstimate:
 
 
 def estimate_dispersion(groups: Sequence[PositionData]) -> DispersionEstimate:
-    """φ = max(1, X²/dof) over (group, position) cells with trials. Purely computational."""
+    """φ = max(1, ΣX²/Σdof) over draft positions, each position's groups against its pooled rate."""
     used = [g for g in groups if g.observed_positions > 0]
     if len(used) < 2:
         return DispersionEstimate(
@@ -48,19 +114,12 @@ def estimate_dispersion(groups: Sequence[PositionData]) -> DispersionEstimate:
             "Fewer than two groups with drafts: over-dispersion cannot be estimated; assuming none.",
         )
     width = max(len(g.trials) for g in used)
-    n = np.zeros((len(used), width))
-    s = np.zeros((len(used), width))
-    for row, g in enumerate(used):
-        n[row, : len(g.trials)] = g.trials
-        s[row, : len(g.successes)] = g.successes
-    total_n = n.sum(axis=0)
-    pooled = np.divide(s.sum(axis=0), total_n, out=np.zeros(width), where=total_n > 0)
-    informative = (pooled > 0) & (pooled < 1)
-    cells = (n > 0) & informative[None, :]
-    expected_var = n * pooled * (1 - pooled)
-    resid2 = (s - n * pooled) ** 2
-    statistic = float(np.sum(np.divide(resid2, expected_var, out=np.zeros_like(n), where=cells)))
-    dof = int(cells.sum()) - int(np.sum(informative & (total_n > 0)))
+    per_position = [DispersionSums() for _ in range(width)]
+    for g in used:
+        for j, (n, s) in enumerate(zip(g.trials, g.successes, strict=True)):
+            per_position[j] = per_position[j].add(s, n)
+    statistic = sum(p.statistic for p in per_position)
+    dof = sum(p.dof for p in per_position)
     if dof <= 0:
         return DispersionEstimate(
             1.0,
@@ -80,3 +139,13 @@ def estimate_dispersion(groups: Sequence[PositionData]) -> DispersionEstimate:
         f"Acceptance varies {phi:.2f}× more between the {len(used)} groups than independent tokens would; "
         "intervals are widened by √φ.",
     )
+
+
+__all__ = [
+    "MIN_WINDOWS",
+    "DispersionEstimate",
+    "DispersionReason",
+    "DispersionSums",
+    "estimate_dispersion",
+    "window_dispersion",
+]

@@ -32,7 +32,8 @@ from policies.acceptance import AcceptanceEvidence, AlphaReason, evidence_from_c
 from policies.acceptance_model import ConstantAlphaModel
 from policies.choose_k import KChoiceSnapshot, KDecision, choose_k, evaluate_k
 from policies.counters import SpecCounters
-from policies.memory import FREE_METHODS, DraftFootprint, MemoryBudget, weight_bytes
+from policies.dispersion import DispersionSums
+from policies.memory import FREE_METHODS, DraftFootprint, KvCapacity, MemoryBudget, weight_bytes
 from policies.spec_config import OFF, RESERVED_KEYS, KRow, SpecConfig, is_mtp_method
 from policies.speedup import check_alpha
 from policies.step_cost import StepCostModel
@@ -155,6 +156,14 @@ class DraftChoiceSnapshot:
     target_params: int | None = None
     memory: MemoryBudget | None = None
     config: DraftTriggerConfig = field(default_factory=DraftTriggerConfig)
+    # When KV memory caps the batch: requests running + waiting, and the engine's measured KV pool. Each
+    # candidate is then scored at the batch it could run (the demand up to its memory cap) and its speedup
+    # is over plain decoding at the batch plain decoding could run (capped_batch).
+    demand: float | None = None
+    kv: KvCapacity | None = None
+    # candidates not proposed beyond failure (the floor swapped them out and acceptance has not moved since);
+    # the floor's own ranking still sees them
+    not_opportunistic: frozenset[str] = frozenset()
 
 
 class TriggerReason(StrEnum):
@@ -260,6 +269,7 @@ def _statistic(windows: Sequence[SpecWindow], config: DraftTriggerConfig) -> tup
         upper = 1.0 if a == t else float(stats.beta.ppf(tail, a + 0.5, t - a + 0.5))
         return a / t, upper, ""
     total = AcceptanceEvidence()
+    spread = DispersionSums()
     for w in windows:
         result = evidence_from_counters(w.counters)
         if result.reason is AlphaReason.NO_DRAFTS:
@@ -267,11 +277,13 @@ def _statistic(windows: Sequence[SpecWindow], config: DraftTriggerConfig) -> tup
         if result.evidence is None:
             return None, None, f"window ending {w.end.isoformat()}: {result.message}"
         total = total + result.evidence
+        spread = spread.add(result.evidence.successes, result.evidence.trials)
     if total.trials == 0:
         return None, None, ""
-    s, f = total.successes, total.failures
+    # windows that vary more than independent tokens carry less information: counts divided by φ
+    s, f = total.successes / spread.phi, total.failures / spread.phi
     upper = 1.0 if f == 0 else float(stats.beta.ppf(tail, s + 0.5, f + 0.5))
-    return s / total.trials, upper, ""
+    return total.successes / total.trials, upper, ""
 
 
 @dataclass(frozen=True)
@@ -323,6 +335,28 @@ def _posterior(
     return a / (a + b), (float(stats.beta.ppf(tail, a, b)), float(stats.beta.ppf(1 - tail, a, b))), source
 
 
+def capped_batch(
+    kv: KvCapacity | None,
+    demand: float | None,
+    draft: DraftFootprint | None,
+    k: int,
+    target: StepCostModel,
+    batch_size: int,
+) -> tuple[int, float]:
+    """(batch, scale) of ``draft`` at K when KV memory caps the batch: the demand (requests running +
+    waiting) up to the sequences this config fits, and the throughput of plain decoding at that batch
+    over plain decoding at the batch plain decoding could run (B/T(B, 0) against B₀/T(B₀, 0)); a speedup
+    at the capped batch times the scale is a speedup over plain decoding as it would run. Without a
+    measured capacity or demand: (``batch_size``, 1)."""
+    if kv is None or demand is None or demand <= 0:
+        return batch_size, 1.0
+    want = max(1, round(demand))
+    plain = max(1, min(want, kv.max_batch(None, 0)))
+    batch = max(1, min(want, kv.max_batch(draft, k)))
+    scale = (batch / target.plain_step_time_s(batch)) / (plain / target.plain_step_time_s(plain))
+    return batch, scale
+
+
 def _score(
     snapshot: DraftChoiceSnapshot,
     name: str,
@@ -351,19 +385,31 @@ def _score(
         draft_fixed_s=cost_ratio * target.fixed_s,
         draft_per_seq_s=cost_ratio * target.per_token_s,
     )
-    decision: KDecision = choose_k(
-        KChoiceSnapshot(
-            now=snapshot.now,
-            acceptance=ConstantAlphaModel(alpha, min(alpha_ci[0], alpha), max(alpha_ci[1], alpha)),
-            step_cost=model,
-            batch_size=snapshot.batch_size,
-            k_max=snapshot.k_max,
-            draft=footprint if snapshot.memory is not None else None,
-            memory=snapshot.memory,
-            confidence=snapshot.config.confidence,
+
+    def best_k(batch: int) -> KDecision:
+        return choose_k(
+            KChoiceSnapshot(
+                now=snapshot.now,
+                acceptance=ConstantAlphaModel(alpha, min(alpha_ci[0], alpha), max(alpha_ci[1], alpha)),
+                step_cost=model,
+                batch_size=batch,
+                k_max=snapshot.k_max,
+                draft=footprint if snapshot.memory is not None else None,
+                memory=snapshot.memory,
+                confidence=snapshot.config.confidence,
+            )
         )
-    )
+
+    # the batch depends on K only through its lookahead slots: cap at K = 1, choose K there, cap again
+    batch, _ = capped_batch(snapshot.kv, snapshot.demand, footprint, 1, target, snapshot.batch_size)
+    decision = best_k(batch)
+    k = max(decision.k, 1)
+    batch, scale = capped_batch(snapshot.kv, snapshot.demand, footprint, k, target, snapshot.batch_size)
+    if scale != 1.0:
+        decision = best_k(batch)
     fits = any(o.fits_memory for o in decision.by_k if o.k > 0)
+    lo, hi = decision.speedup_ci
+    capped = f" at batch {batch} (memory cap; {scale:.2f}× plain decoding's throughput)" if scale != 1.0 else ""
     return CandidateScore(
         name,
         source,
@@ -371,10 +417,47 @@ def _score(
         alpha_ci,
         fits,
         decision.k,
-        decision.speedup,
-        decision.speedup_ci,
-        f"{name}: α ≈ {alpha:.2f} ({source}); {decision.message}",
+        decision.speedup * scale,
+        (lo * scale, hi * scale),
+        f"{name}: α ≈ {alpha:.2f} ({source}){capped}; {decision.message}",
     )
+
+
+def _rank(snapshot: DraftChoiceSnapshot) -> list[CandidateScore]:
+    """Every other candidate scored with its posterior α (prior + measured history on this target)."""
+    cfg = snapshot.config
+    ranking: list[CandidateScore] = []
+    for cand in snapshot.candidates:
+        if cand.name == snapshot.current:
+            continue
+        strength = cfg.prior_strength_trials if cand.prior_strength_trials is None else cand.prior_strength_trials
+        alpha, ci, source = _posterior(cand.prior_alpha, strength, snapshot.history.get(cand.name), cfg.confidence)
+        score = _score(
+            snapshot, cand.name, cand.footprint(), cand.cost_ratio_for(snapshot.target_params), alpha, ci, source
+        )
+        prior = f"{cand.prior_source} {cand.prior_alpha:.2f} worth {strength:.0f} tokens"
+        ranking.append(replace(score, prior=prior))
+    return ranking
+
+
+def _confidently_better(
+    ranking: Sequence[CandidateScore], current: CandidateScore | None, trigger: TriggerCheck
+) -> CandidateScore | None:
+    """Beyond failure: the best candidate whose predicted speedup's lower end is above the running draft's
+    upper end, once the running draft's evidence is as complete as the floor asks (the trigger's duration
+    covered, ``min_drafts`` drafts; the gain rail then asks for ``min_gain`` on top, the switching-cost
+    rail for the payback); None: the running draft stays."""
+    judged = trigger.reason in (TriggerReason.ABOVE_THRESHOLD, TriggerReason.RECOVERED)
+    if current is None or current.k <= 0 or not judged:
+        return None
+    usable = [s for s in ranking if s.fits_memory and s.k > 0 and s.speedup_ci[0] > current.speedup_ci[1]]
+    return max(usable, key=lambda s: s.speedup_ci[0], default=None)
+
+
+def _current(score: CandidateScore | None) -> str:
+    if score is None:
+        return "the running draft (no estimate)"
+    return f"{score.speedup:.2f}× (interval {score.speedup_ci[0]:.2f}–{score.speedup_ci[1]:.2f}×) at K = {score.k}"
 
 
 def choose_draft(snapshot: DraftChoiceSnapshot) -> DraftDecision:
@@ -385,12 +468,15 @@ def choose_draft(snapshot: DraftChoiceSnapshot) -> DraftDecision:
     current_score: CandidateScore | None = None
     current = by_name.get(snapshot.current) if snapshot.current else None
     pooled = AcceptanceEvidence()
+    spread = DispersionSums()
     for w in snapshot.windows:
         result = evidence_from_counters(w.counters)
         if result.evidence is not None:
             pooled = pooled + result.evidence
+            spread = spread.add(result.evidence.successes, result.evidence.trials)
     if current is not None and pooled.trials > 0:
-        _, ci, _ = _posterior(0.5, 0.0, pooled, cfg.confidence)
+        # the running draft's interval as wide as its windows' spread says (counts divided by φ)
+        _, ci, _ = _posterior(0.5, 0.0, pooled.scaled(1.0 / spread.phi), cfg.confidence)
         current_score = _score(
             snapshot,
             current.name,
@@ -400,7 +486,25 @@ def choose_draft(snapshot: DraftChoiceSnapshot) -> DraftDecision:
             ci,
             "measured",
         )
+    ranking = _rank(snapshot)
     if not trigger.triggered:
+        opportunistic = [s for s in ranking if s.name not in snapshot.not_opportunistic]
+        beats = _confidently_better(opportunistic, current_score, trigger)
+        if beats is not None:
+            chosen = by_name[beats.name]
+            return DraftDecision(
+                DraftReason.FALLBACK_NGRAM if chosen.free else DraftReason.SWITCH_DRAFT,
+                f"{chosen.name} ({chosen.method}) at K = {beats.k} is predicted to beat the running draft: "
+                f"{beats.speedup:.2f}× plain decoding (interval {beats.speedup_ci[0]:.2f}–{beats.speedup_ci[1]:.2f}×, "
+                f"α ≈ {beats.alpha:.2f} from {beats.source}) against {_current(current_score)}.",
+                chosen,
+                beats.k,
+                beats.speedup,
+                beats.speedup_ci,
+                trigger,
+                tuple(ranking),
+                current_score,
+            )
         keep_speedup = current_score.speedup if current_score else 1.0
         keep_ci = current_score.speedup_ci if current_score else (1.0, 1.0)
         return DraftDecision(
@@ -414,17 +518,6 @@ def choose_draft(snapshot: DraftChoiceSnapshot) -> DraftDecision:
             (),
             current_score,
         )
-    ranking: list[CandidateScore] = []
-    for cand in snapshot.candidates:
-        if cand.name == snapshot.current:
-            continue
-        strength = cfg.prior_strength_trials if cand.prior_strength_trials is None else cand.prior_strength_trials
-        alpha, ci, source = _posterior(cand.prior_alpha, strength, snapshot.history.get(cand.name), cfg.confidence)
-        score = _score(
-            snapshot, cand.name, cand.footprint(), cand.cost_ratio_for(snapshot.target_params), alpha, ci, source
-        )
-        prior = f"{cand.prior_source} {cand.prior_alpha:.2f} worth {strength:.0f} tokens"
-        ranking.append(replace(score, prior=prior))
     usable = [s for s in ranking if s.fits_memory and s.k > 0]
     # Measured history first among equals: sort by speedup, then by how much of α was measured.
     usable.sort(key=lambda s: (s.speedup, s.source != "prior"), reverse=True)
@@ -498,10 +591,12 @@ def running_speedup(
     current_k: int,
     batch_size: int,
     confidence: float = 0.95,
+    scale: float = 1.0,
 ) -> tuple[float, tuple[float, float]] | None:
     """The running config's speedup over plain decoding at the K it runs now, from its ranking entry: a
     swap's gain is measured against what is in force, not against the running draft at its best K. The
-    draft's cost is ``cost_ratio`` × the target's (``target``'s draft terms are not the running draft's)."""
+    draft's cost is ``cost_ratio`` × the target's (``target``'s draft terms are not the running draft's);
+    ``scale``: :func:`capped_batch`'s, when memory caps the batch."""
     model = StepCostModel(
         fixed_s=target.fixed_s,
         per_token_s=target.per_token_s,
@@ -520,4 +615,5 @@ def running_speedup(
         ),
         current_k,
     )
-    return (option.speedup, option.speedup_ci) if option.speedup > 0 else None
+    lo, hi = option.speedup_ci
+    return (option.speedup * scale, (lo * scale, hi * scale)) if option.speedup > 0 else None

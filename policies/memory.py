@@ -243,6 +243,45 @@ def check_memory(draft: DraftFootprint, k: int, running_seqs: int, budget: Memor
     )
 
 
+@dataclass(frozen=True)
+class KvCapacity:
+    """The engine's KV pool as measured, and how many sequences another config could run in it.
+
+    ``tokens``: what the pool holds (``vllm:cache_config_info`` num_gpu_blocks × block_size), each token
+    costing the target's KV plus the running draft's (vLLM sizes one block table over every layer, the
+    draft's included); ``tokens_per_seq``: context a running sequence holds (KV usage × ``tokens`` /
+    requests running, less the running config's K lookahead slots). vLLM loads a draft's weights before
+    sizing the pool, so the pool plus the running draft's weights is what any config divides.
+    """
+
+    tokens: float
+    target_kv_bytes_per_token: int
+    tokens_per_seq: float
+    running: DraftFootprint | None = None  # None: speculation off now
+    running_k: int = 0
+
+    def __post_init__(self) -> None:
+        if not (self.tokens > 0 and self.target_kv_bytes_per_token > 0 and self.tokens_per_seq > 0):
+            raise ValueError(f"a KV capacity needs tokens, KV bytes per token and tokens per sequence > 0: {self!r}")
+
+    @property
+    def bytes(self) -> float:
+        """The KV pool plus the running draft's weights: what any config's weights and KV come out of."""
+        d = self.running if self.running_k > 0 and self.running is not None else None
+        if d is None or d.method in FREE_METHODS:
+            return self.tokens * self.target_kv_bytes_per_token
+        return self.tokens * (self.target_kv_bytes_per_token + d.kv_bytes_per_token) + d.weights_bytes
+
+    def max_batch(self, draft: DraftFootprint | None, k: int) -> int:
+        """Sequences of ``tokens_per_seq`` (+ K lookahead slots) that fit with ``draft`` at K (None or
+        K = 0: plain decoding); 0 when its weights do not fit at all."""
+        lookahead = k if draft is not None and k > 0 else 0  # every method reserves its K tokens' slots
+        loaded = draft if lookahead and draft is not None and draft.method not in FREE_METHODS else None
+        pool = self.bytes - (loaded.weights_bytes if loaded is not None else 0)
+        per_token = self.target_kv_bytes_per_token + (loaded.kv_bytes_per_token if loaded is not None else 0)
+        return max(0, math.floor(pool / (per_token * (self.tokens_per_seq + lookahead)))) if pool > 0 else 0
+
+
 def mtp_footprint(
     target_config: Mapping[str, Any],
     target_params: int,

@@ -274,6 +274,9 @@ class PolicySection(_Section):
         description="one K is chosen for the load (requests running) of this long, weighted by time; "
         "a burst shorter than this does not make the controller restart the engine twice",
     )
+    alpha_regime_band: float = Field(
+        default=0.05, gt=0, lt=1, description="absolute change of α̂ that starts a new acceptance regime"
+    )
     confidence: float = Field(default=0.95, gt=0.5, lt=1.0)
     per_batch_size: bool = Field(
         default=False,
@@ -386,7 +389,12 @@ class GuardrailsSection(_Section):
     cooldown_s: float = Field(default=600.0, ge=0, description="quiet time after any change")
     max_changes_per_hour: int = Field(default=4, ge=0)
     restart_downtime_s: float = Field(default=60.0, ge=0, description="expected engine downtime per restart")
-    payback_horizon_s: float = Field(default=3600.0, gt=0, description="gain must repay the downtime within this")
+    payback_horizon_s: float = Field(
+        default=3600.0,
+        gt=0,
+        description="gain must repay the downtime within this, and within the expected remaining length of "
+        "the current acceptance regime (measured on this engine, policies/regime.py), whichever is shorter",
+    )
     maintenance_windows: list[MaintenanceWindow] = Field(
         default_factory=list, description="when set, restarts only inside one of them"
     )

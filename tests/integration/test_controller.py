@@ -638,13 +638,36 @@ def test_a_running_periods_history_is_read_incrementally_and_adds_up(db_url: str
         for _ in range(3):  # ticks: 3 new windows each
             now = write_windows(store, now, 3, k=2, rate=100.0, alpha=0.6)
             cached, n_read = read(cache)
-            assert cached == read(None)[0]
+            assert cached == pytest.approx(read(None)[0], rel=1e-9)  # the sums add in another order
             assert n_read <= 3 + HistoryCache.SETTLE_S / 10 + 1  # the new windows and the unsettled tail
         # the period ends: one full read, kept for good
         store.record_config(KEY, config_record(K8, now, AppliedBy.RESTART))
         ended, n_read = read(cache)
         assert n_read == 369 and ended == read(None)[0]
         assert read(cache)[1] <= 1  # the ended period from the cache; the new one's tail (K = 8, same draft)
+
+
+def test_a_drafts_history_is_its_evidence_since_its_acceptance_last_changed(db_url: str) -> None:
+    """A draft steady at α 0.75 for an hour keeps all its evidence; once it has fallen to 0.3 for 10 minutes
+    (the traffic moved) its history is those 10 minutes, not an hour-weighted 0.69 (ranking it on that
+    would swap straight back to it)."""
+    from policies.acceptance import evidence_from_counters
+    from policies.draft_choice import DraftCandidate
+    from tuner.controller.candidates import same_draft
+    from tuner.controller.evidence import measured_history
+
+    good = DraftCandidate("good", "draft_model", "/drafts/good")
+    per_window = evidence_from_counters(iid(0.75, 2, 200)).evidence
+    assert per_window is not None
+    with Store(db_url) as store:
+        store.record_config(KEY, config_record(K2, T0, AppliedBy.STARTUP))
+        now = write_windows(store, T0, 360, k=2, rate=100.0, alpha=0.75)
+        steady = measured_history(store, [KEY], now + timedelta(seconds=1), 7 * 86400.0, [good], same_draft)["good"]
+        store.record_config(KEY, config_record(K8, now, AppliedBy.RESTART))  # a K change: the same draft
+        now = write_windows(store, now, 60, k=8, rate=100.0, alpha=0.3)
+        fell = measured_history(store, [KEY], now + timedelta(seconds=1), 7 * 86400.0, [good], same_draft)["good"]
+    assert steady.trials == pytest.approx(360 * per_window.trials)  # identical windows: one regime, φ = 1
+    assert fell.successes / fell.trials == pytest.approx(0.3, abs=0.01)
 
 
 @pytest.mark.parametrize("true_gain,verdict", [(1.0, ("verified", "no_worse")), (0.7, ("rolled_back", "regressed"))])
@@ -664,3 +687,49 @@ def test_harder_prompts_after_a_k_change_are_not_taken_for_its_regression(
     assert d.realized_gain == pytest.approx(true_gain, abs=0.02)
     assert "first draft token's acceptance moved 0.800 → 0.600" in (d.status_message or "")
 
+
+
+def test_the_draft_the_floor_swapped_out_is_held_off_the_opportunistic_ranking_until_acceptance_moves(
+    db_url: str,
+) -> None:
+    from policies.draft_choice import DraftCandidate, DraftTriggerConfig
+    from tuner.controller.context import ControllerMemory, build_context
+
+    store = Store(db_url)
+    try:
+        weak_spec = {"method": "draft_model", "model": "/models/weak", "num_speculative_tokens": 3}
+        good_spec = {"method": "draft_model", "model": "/models/good", "num_speculative_tokens": 3}
+        store.record_config(KEY, config_record(weak_spec, T0, AppliedBy.STARTUP))
+        swapped_at = write_windows(store, T0, 30, k=3, rate=60.0, alpha=0.25)  # left below the 0.4 floor
+        store.record_config(KEY, config_record(good_spec, swapped_at, AppliedBy.RESTART))
+        now = write_windows(store, swapped_at, 30, k=3, rate=100.0, alpha=0.8)
+        weak = DraftCandidate("weak", "draft_model", "/models/weak", prior_alpha=0.9, cost_ratio=0.05)
+        good = DraftCandidate("good", "draft_model", "/models/good", prior_alpha=0.8, cost_ratio=0.05)
+        policy = replace(SETTINGS.policy, swap=DraftTriggerConfig(duration_s=200, min_drafts=500, segments=2))
+        settings = replace(SETTINGS, policy=policy)
+        stored = store.current_config(KEY)
+        assert stored is not None
+
+        def tick(at: datetime, memory: ControllerMemory) -> tuple[frozenset[str], ControllerMemory]:
+            ctx, memory = build_context(store, [KEY], stored, at, settings, [weak, good], [], memory)
+            return ctx.floored, memory
+
+        floored, memory = tick(now, ControllerMemory())
+        assert floored == {"weak"}
+        floored, memory = tick(now + timedelta(seconds=10), memory)
+        assert floored == {"weak"}  # the good draft's acceptance has not moved since the swap
+        # it rises to 0.9: a new regime, but nothing in weak's favour
+        later = write_windows(store, now, 6, k=3, rate=110.0, alpha=0.9)
+        floored, memory = tick(later, memory)
+        later = write_windows(store, later, 6, k=3, rate=110.0, alpha=0.9)
+        floored, memory = tick(later, memory)
+        assert floored == {"weak"}
+        now = later
+        # it falls to 0.6 and stays there: the traffic moved, so weak may be ranked again
+        later = write_windows(store, now, 6, k=3, rate=80.0, alpha=0.6)
+        floored, memory = tick(later, memory)
+        later = write_windows(store, later, 6, k=3, rate=80.0, alpha=0.6)
+        floored, memory = tick(later, memory)
+        assert floored == frozenset()
+    finally:
+        store.close()

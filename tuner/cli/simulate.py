@@ -37,7 +37,7 @@ def simulate(
     try:
         sc = load_scenario(scenario)
     except ScenarioError as exc:
-        fail_usage(str(exc))
+        fail_usage(exc.one_line())
     progress = None if quiet else (lambda msg: err_console.print(f"[dim]{msg}[/]", highlight=False))
     result = run_scenario(sc, chosen, seed=seed, progress=progress)
     if as_json:

@@ -23,13 +23,16 @@ from collectors.records import EngineKey
 from policies.acceptance import AcceptanceEvidence, AlphaEstimate, alpha_of_windows, effective_counters
 from policies.counters import SpecCounters
 from policies.draft_choice import DraftCandidate, SpecWindow
+from policies.memory import FREE_METHODS, KvCapacity
 from policies.positional import PositionData
+from policies.regime import RegimeTracker, observe, remaining_s, restart
 from policies.spec_config import SpecConfig
 from policies.step_cost import StepCostModel
 from tuner.controller.candidates import current_candidate, same_draft
 from tuner.controller.evidence import (
     HistoryCache,
     LoadProfile,
+    evidence_before_end,
     measured_history,
     spec_windows,
     summarize,
@@ -37,7 +40,7 @@ from tuner.controller.evidence import (
     windows_under,
 )
 from tuner.controller.fleet_prior import with_fleet_priors
-from tuner.controller.settings import ControllerSettings
+from tuner.controller.settings import ControllerSettings, PolicySettings
 from tuner.controller.step_cost import config_specs, step_cost_from_steps
 from tuner.store import Store, StoredConfig
 from tuner.store.shadow import shadow_evidence
@@ -65,7 +68,7 @@ class DecisionContext:
     mean_batch_size: float | None = None
     # (duration s, requests running) per window: the load profile a per-batch-size table is judged on
     batch_profile: tuple[tuple[float, float], ...] = ()
-    # (duration s, requests running) over the controller's load horizon under any config: the load one K
+    # (duration s, requests running + waiting) over the load horizon under any config: the demand one K
     # must serve (empty: judge K at the mean batch of the evidence window)
     load_profile: tuple[tuple[float, float], ...] = ()
     # T(B, K) from the plugin's per-step records (tuner.controller.step_cost); None: not enough steps
@@ -82,6 +85,20 @@ class DecisionContext:
     shadow: Mapping[str, AcceptanceEvidence] = field(default_factory=dict)
     failed: tuple[SpecConfig, ...] = ()  # configs that failed to apply or regressed lately (not proposed again)
     failed_candidates: frozenset[str] = frozenset()  # candidates whose draft is among them
+    # the draft the 0.4 floor swapped out for the running one, while the running draft's acceptance has
+    # not moved since: its pooled history predates the fall that made it leave (not proposed beyond failure)
+    floored: frozenset[str] = frozenset()
+    # α̂ of the running config over the last decide interval (what the acceptance regime tracks)
+    recent_alpha: float | None = None
+    # expected remaining length of the current acceptance regime (policies.regime); None: unknown
+    regime_remaining_s: float | None = None
+    # the evidence window's requests running + waiting (time-weighted) and mean KV usage (0..1): when KV
+    # memory caps the batch, requests wait and each config could run a different batch (kv_capacity)
+    mean_demand: float | None = None
+    kv_usage: float | None = None
+    # the engine's KV pool (cache_config_info × KV bytes per token) and the context a sequence holds;
+    # None: not scraped or the target's KV bytes per token not configured
+    kv_capacity: KvCapacity | None = None
 
     @property
     def goodput_tokens_per_s(self) -> float | None:
@@ -212,6 +229,8 @@ class ControllerMemory:
     load: LoadProfile = field(default_factory=LoadProfile)  # requests running over the load horizon
     # (read at, running draft, (T(B, K), note, source)): re-read every refit interval or on a swap
     step_cost: tuple[datetime, tuple[str, str | None], tuple[StepCostModel, str, str] | None] | None = None
+    # acceptance regimes of the running draft (named beside it), measured tick by tick
+    alpha_regime: tuple[tuple[str, str | None] | None, RegimeTracker] | None = None
 
 
 def build_context(
@@ -229,10 +248,12 @@ def build_context(
     ``configured``: the swap candidates as configured now (the config file's and the registry's);
     ``failed``: the configs that failed or regressed within the retry horizon."""
     p = settings.policy.policy
-    ctx = measure(store, keys, stored, now, p.evidence_window_s, p.confidence)
+    ctx = measure(store, keys, stored, now, p.evidence_window_s, p.confidence, settings.controller.decide_interval_s)
     running, everyone = current_candidate(ctx.current, configured, p.cost_ratio)
+    ctx, memory = _with_regimes(ctx, settings, memory)
     load_profile = () if p.per_batch_size else memory.load.update(store, keys, now, p.load_horizon_s)
     ctx = replace(ctx, load_profile=load_profile, running=running, failed=tuple(failed))
+    ctx = replace(ctx, kv_capacity=kv_capacity(ctx, cache_config(store, keys), settings.policy))
     ctx, memory = _with_step_cost(ctx, store, settings, running, memory)
     if settings.policy.swap is None or not configured:
         return ctx, memory
@@ -249,7 +270,59 @@ def build_context(
         history=measured_history(store, keys, now, settings.history_s, everyone, same_draft, memory.history),
         shadow=shadow_evidence(store, now - timedelta(seconds=settings.history_s), [c.name for c in everyone]),
         failed_candidates=frozenset(c.name for c in everyone if any(same_draft(f, c) for f in failed)),
+        floored=floored_out(store, keys, stored, everyone, settings, memory),
     ), memory
+
+
+def floored_out(
+    store: Store,
+    keys: Sequence[EngineKey],
+    stored: StoredConfig,
+    candidates: Sequence[DraftCandidate],
+    settings: ControllerSettings,
+    memory: ControllerMemory,
+) -> frozenset[str]:
+    """The candidate whose draft ran before the running one and left with acceptance below the swap floor
+    (over its last trigger duration), until the running draft's acceptance falls into a new regime
+    (``memory.alpha_regime``: the traffic moved, perhaps back to what the other draft liked); empty
+    otherwise. Its measured history pools the period it was good in with the fall that made it leave, so
+    ranking it beyond failure would swap straight back. The running draft's acceptance settling or rising
+    says nothing in the other draft's favour."""
+    swap = settings.policy.swap
+    regime = memory.alpha_regime
+    if swap is None or not keys or regime is None or regime[1].direction < 0:
+        return frozenset()
+    started = stored.config.started_at
+    since = started - timedelta(seconds=settings.history_s)
+    before = [c for c in store.configs(keys[0], since=since, until=started) if c.id != stored.id]
+    if not before or before[-1].config.spec.draft == stored.config.spec.draft:
+        return frozenset()  # nothing ran before, or a K change: not a swap
+    previous = before[-1]
+    floored = _applied_by_the_floor(store, stored)
+    if not (floored or _left_low(store, keys, previous, swap.threshold, swap.duration_s)):
+        return frozenset()
+    return frozenset(c.name for c in candidates if same_draft(previous.config.spec, c))
+
+
+def _applied_by_the_floor(store: Store, stored: StoredConfig) -> bool:
+    """The running config was applied by a decision whose swap trigger fired (acceptance stayed low)."""
+    if stored.config.decision_id is None:
+        return False
+    try:
+        inputs = store.decision(stored.config.decision_id).decision.inputs
+    except LookupError:
+        return False
+    trigger = inputs.get("policy", {}).get("trigger") if isinstance(inputs, dict) else None
+    return isinstance(trigger, dict) and trigger.get("triggered") is True
+
+
+def _left_low(
+    store: Store, keys: Sequence[EngineKey], previous: StoredConfig, threshold: float, seconds: float
+) -> bool:
+    """The previous config's acceptance over its last ``seconds`` was below the floor (a swap not recorded
+    by this controller: an operator's, or before an audit row existed)."""
+    last = evidence_before_end(store, keys, previous, seconds)
+    return last.trials > 0 and last.successes / last.trials < threshold
 
 
 def measure(
@@ -259,6 +332,7 @@ def measure(
     now: datetime,
     evidence_window_s: float,
     confidence: float = 0.95,
+    recent_s: float = 60.0,
 ) -> DecisionContext:
     """The measured part of a context: the windows under ``stored`` over the last ``evidence_window_s``
     (what the simulator's baseline policies read too)."""
@@ -273,6 +347,13 @@ def measure(
         effective = effective_counters(w.spec) if w.spec is not None else None
         if effective is not None:
             positions = positions + PositionData.from_counters(effective)
+    recent = [w for w in wins if w.end > now - timedelta(seconds=recent_s)]
+    recent_alpha = alpha_of_windows([w.spec for w in recent if w.spec is not None], confidence).alpha
+    load = [w for w in wins if w.duration_s > 0 and _finite(w.requests_running)]
+    load_s = sum(w.duration_s for w in load)
+    demand_s = sum(w.duration_s * ((w.requests_running or 0.0) + (w.requests_waiting or 0.0)) for w in load)
+    usage = [w for w in load if _finite(w.kv_cache_usage)]
+    usage_s = sum(w.duration_s for w in usage)
     return DecisionContext(
         now=now,
         keys=tuple(keys),
@@ -292,7 +373,66 @@ def measure(
             for w in wins
             if w.duration_s > 0 and w.requests_running is not None and math.isfinite(w.requests_running)
         ),
+        recent_alpha=recent_alpha,
+        mean_demand=demand_s / load_s if load_s > 0 else None,
+        kv_usage=sum(w.duration_s * (w.kv_cache_usage or 0.0) for w in usage) / usage_s if usage_s > 0 else None,
     )
+
+
+def _finite(x: float | None) -> bool:
+    return x is not None and math.isfinite(x)
+
+
+def cache_config(store: Store, keys: Sequence[EngineKey]) -> Mapping[str, Any] | None:
+    """The first of ``keys``' stored ``vllm:cache_config_info`` labels (data-parallel ranks share one)."""
+    wanted = set(keys)
+    for engine in store.engines():
+        if engine.key in wanted and engine.cache_config:
+            return engine.cache_config
+    return None
+
+
+def kv_capacity(ctx: DecisionContext, cache: Mapping[str, Any] | None, settings: PolicySettings) -> KvCapacity | None:
+    """The engine's KV pool from its cache_config_info (num_gpu_blocks × block_size tokens) and the target's
+    KV bytes per token (``[memory]``); the context per sequence from KV usage × pool / requests running,
+    less the running config's K lookahead slots (else ``[memory] tokens_per_seq``). None when any is missing,
+    or when the running draft model is not registered with its size (``[[drafts]]`` num_params)."""
+    p = settings
+    try:
+        tokens = float((cache or {})["num_gpu_blocks"]) * float((cache or {})["block_size"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    k = (ctx.current.k or 0) if ctx.current.speculates else 0
+    per_seq: float = float(p.tokens_per_seq)
+    if ctx.kv_usage is not None and ctx.mean_batch_size and ctx.mean_batch_size > 0 and ctx.kv_usage > 0:
+        per_seq = ctx.kv_usage * tokens / ctx.mean_batch_size - k
+    if not (math.isfinite(tokens) and tokens > 0 and p.target_kv_bytes_per_token > 0 and per_seq > 0):
+        return None
+    running = ctx.running.footprint() if ctx.running is not None and k > 0 else None
+    if running is not None and running.method not in FREE_METHODS and running.weights_bytes <= 0:
+        return None  # the running draft is not registered with its size: the pool it shares is unknown
+    return KvCapacity(tokens, p.target_kv_bytes_per_token, per_seq, running, k)
+
+
+def _with_regimes(
+    ctx: DecisionContext, settings: ControllerSettings, memory: ControllerMemory
+) -> tuple[DecisionContext, ControllerMemory]:
+    """The acceptance regime after this tick's observation and its expected remaining length (what a
+    change's switching cost is weighed over). Load regimes are not used: K is already chosen over the load
+    of ``load_horizon_s``, so a burst barely moves it, while a diurnal load, always drifting, would make
+    every load regime short and hold back the changes that follow it."""
+    p = settings.policy.policy
+    draft = ctx.current.draft
+    if memory.alpha_regime is None:
+        alpha = RegimeTracker(p.alpha_regime_band)
+    else:
+        seen, alpha = memory.alpha_regime
+        if seen != draft:  # another draft is another α: a regime we began, not one the traffic ended
+            alpha = restart(alpha, ctx.now)
+    alpha = observe(alpha, ctx.now, ctx.recent_alpha)
+    memory = replace(memory, alpha_regime=(draft, alpha))
+    remaining = remaining_s(alpha, ctx.now)
+    return replace(ctx, regime_remaining_s=remaining if math.isfinite(remaining) else None), memory
 
 
 def _with_step_cost(

@@ -66,7 +66,8 @@ class Controller:
         self.actuator = actuator
         self.settings = settings
         self.clock = clock
-        self.policy: Policy = policy or (lambda ctx: propose(ctx, settings.policy))
+        # the settings in force at each decision (the simulator re-pins [policy.step_cost] after a swap)
+        self.policy: Policy = policy or (lambda ctx: propose(ctx, self.settings.policy))
         # Swap candidates are read on every tick: the operator's registry may change at run time.
         self.candidates: Candidates = candidates or (lambda: ())
         self.memory = ControllerMemory()
@@ -209,9 +210,11 @@ class Controller:
             target=target_fp,
             predicted_gain=outcome.predicted_gain,
             predicted_gain_ci=outcome.predicted_gain_ci,
-            drafts=ctx.spec.drafts,
+            # the evidence rail counts drafts as independent trials only up to the windows' over-dispersion
+            drafts=int(ctx.spec.drafts / ctx.alpha.dispersion),
             evidence_s=ctx.duration_s / max(len(keys), 1),
             needs_restart=self.actuator.needs_restart_for(outcome.target.to_vllm()),
+            horizon_s=ctx.regime_remaining_s,
         )
         rails = self.settings.guardrails
         cost_s = self.switching_cost_s(outcome.target, now)

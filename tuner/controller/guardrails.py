@@ -66,6 +66,8 @@ class Proposal:
     evidence_s: float
     needs_restart: bool = True
     extra: dict[str, float] = field(default_factory=dict)
+    # expected remaining length of the regime the change answers (policies.regime); None: unknown
+    horizon_s: float | None = None
 
 
 def next_streak(state: ControllerState, target: str | None) -> tuple[str | None, int]:
@@ -178,11 +180,17 @@ def check_switching_cost(s: GuardrailsSection, st: ControllerState, p: Proposal,
     if not p.needs_restart:
         return None
     needed_s = payback_s(p.predicted_gain, s.restart_downtime_s)
-    if needed_s > s.payback_horizon_s:
+    horizon_s = s.payback_horizon_s if p.horizon_s is None else min(s.payback_horizon_s, p.horizon_s)
+    if needed_s > horizon_s:
+        what = (
+            "the expected remaining length of the current regime"
+            if horizon_s < s.payback_horizon_s
+            else "the payback horizon"
+        )
         return Block(
             BlockReason.SWITCHING_COST,
             f"A restart costs ~{s.restart_downtime_s:.0f} s of serving; at {p.predicted_gain:.3f}× it takes "
-            f"{needed_s:.0f} s to repay, longer than the {s.payback_horizon_s:.0f} s horizon.",
+            f"{needed_s:.0f} s to repay, longer than {what} ({horizon_s:.0f} s).",
         )
     return None
 

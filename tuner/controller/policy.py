@@ -29,6 +29,7 @@ from policies.draft_choice import (
     DraftDecision,
     DraftReason,
     DraftTriggerConfig,
+    capped_batch,
     choose_draft,
     running_speedup,
     spec_for,
@@ -138,7 +139,10 @@ def propose_k(ctx: DecisionContext, settings: PolicySettings) -> PolicyOutcome:
     p = settings.policy
     k_now = ctx.current.k or 0
     k_max = max(p.k_max, k_now)  # never below the current K, so its goodput is comparable
-    batch = max(1, round(ctx.mean_batch_size or 1.0))
+    caps = _batch_caps(ctx, k_max)
+    # when memory caps the batch, every K is judged at the demand up to its own cap (K = 0: the draft dropped)
+    load = ctx.mean_demand if caps is not None else ctx.mean_batch_size
+    batch = max(1, round(load or 1.0))
     step_cost = step_cost_model(ctx, settings)
     decision = choose_k(
         KChoiceSnapshot(
@@ -149,6 +153,7 @@ def propose_k(ctx: DecisionContext, settings: PolicySettings) -> PolicyOutcome:
             k_max=k_max,
             current_k=k_now,
             confidence=p.confidence,
+            batch_caps=caps,
         )
     )
     failed = set(ctx.failed)
@@ -160,6 +165,7 @@ def propose_k(ctx: DecisionContext, settings: PolicySettings) -> PolicyOutcome:
         k_now,
         failed_ks=frozenset(o.k for o in decision.by_k if ctx.current.with_k(o.k) in failed),
         ceiling=failed_k_ceiling(ctx.failed, ctx.current),
+        batch_caps=caps,
     )
     details: dict[str, Any] = {
         "alpha": ctx.alpha.alpha,
@@ -170,6 +176,8 @@ def propose_k(ctx: DecisionContext, settings: PolicySettings) -> PolicyOutcome:
         details["acceptance_model"] = {"choice": choice.choice.value, "message": choice.message}
     if bins:
         details["load_bins"] = [[round(s, 1), round(b, 2)] for s, b in bins]
+    if caps is not None:
+        details["batch_caps"] = list(caps)  # sequences that fit KV memory at K = 0, 1, …
     details["k_reason"] = decision.reason.value
     if decision.k == k_now or decision.gain_vs_current is None or decision.gain_vs_current_ci is None:
         return PolicyOutcome(
@@ -183,6 +191,15 @@ def propose_k(ctx: DecisionContext, settings: PolicySettings) -> PolicyOutcome:
         decision.gain_vs_current_ci,
         details=details,
     )
+
+
+def _batch_caps(ctx: DecisionContext, k_max: int) -> tuple[int, ...] | None:
+    """Sequences the engine's measured KV pool fits at K = 0 (the draft dropped) .. k_max with the running
+    draft; None when the pool is not known. While the demand is below every cap, every K runs the demand."""
+    kv, running = ctx.kv_capacity, ctx.running
+    if kv is None or running is None or ctx.mean_demand is None:
+        return None
+    return tuple(kv.max_batch(None if k == 0 else running.footprint(), k) for k in range(k_max + 1))
 
 
 def propose_k_table(ctx: DecisionContext, settings: PolicySettings) -> PolicyOutcome:
@@ -282,6 +299,9 @@ def propose_swap(ctx: DecisionContext, settings: PolicySettings) -> PolicyOutcom
             target_params=p.target_params,
             memory=settings.memory,
             config=swap,
+            demand=ctx.mean_demand,
+            kv=ctx.kv_capacity,
+            not_opportunistic=ctx.floored,
         )
     )
     trigger = decision.trigger
@@ -292,11 +312,21 @@ def propose_swap(ctx: DecisionContext, settings: PolicySettings) -> PolicyOutcom
             return _swap_pending(ctx, settings, len(allowed) > 1, trigger.message)
         details["acceptance_low"] = trigger.message
         return PolicyOutcome(PolicyReason.KEEP, decision.message, acceptance_low=trigger.message, details=details)
-    details["acceptance_low"] = trigger.message
+    low = trigger.message if trigger.triggered else None  # a swap beyond failure: acceptance is not low
+    if low is not None:
+        details["acceptance_low"] = low
     ratio = running.cost_ratio_for(p.target_params)
+    # the running config at the batch its memory lets it run (all of the demand when memory is no limit)
+    cur_batch, cur_scale = capped_batch(ctx.kv_capacity, ctx.mean_demand, running.footprint(), k_now, step_cost, batch)
     current = (
         running_speedup(
-            decision.current, p.cost_ratio if ratio is None else ratio, step_cost, k_now, batch, p.confidence
+            decision.current,
+            p.cost_ratio if ratio is None else ratio,
+            step_cost,
+            k_now,
+            cur_batch,
+            p.confidence,
+            cur_scale,
         )
         if decision.current is not None
         else None
@@ -317,9 +347,7 @@ def propose_swap(ctx: DecisionContext, settings: PolicySettings) -> PolicyOutcom
     cur_speedup, cur_ci = current
     gain = new_speedup / cur_speedup
     gain_ci = (new_ci[0] / cur_ci[1], new_ci[1] / cur_ci[0])
-    return PolicyOutcome(
-        reason, decision.message, target, gain, gain_ci, acceptance_low=trigger.message, details=details
-    )
+    return PolicyOutcome(reason, decision.message, target, gain, gain_ci, acceptance_low=low, details=details)
 
 
 def _draft_details(decision: DraftDecision, swap: DraftTriggerConfig) -> dict[str, Any]:

@@ -35,6 +35,10 @@ class PolicySettings:
     policy: PolicySection = field(default_factory=PolicySection)
     memory: MemoryBudget | None = None
     swap: DraftTriggerConfig | None = None
+    # ``[memory]``: the target's KV bytes per token (with the engine's cache_config_info, the KV pool that
+    # caps each config's batch; 0: not known) and the context per sequence when KV usage is not scraped
+    target_kv_bytes_per_token: int = 0
+    tokens_per_seq: int = 0
 
     @classmethod
     def from_sections(
@@ -58,7 +62,9 @@ class PolicySettings:
                 prior_strength_trials=swap.prior_strength_trials,
                 confidence=policy.confidence,
             )
-        return cls(policy, budget, trigger)
+        if memory is None:
+            return cls(policy, budget, trigger)
+        return cls(policy, budget, trigger, memory.target_kv_bytes_per_token, memory.tokens_per_seq)
 
     @property
     def pinned_step_cost(self) -> StepCostModel | None:

@@ -3,8 +3,13 @@
 The model, per window of length Δ at time t (its midpoint):
 
 - batch B = min(concurrency(t), max_num_seqs, the sequences that fit memory with this config);
-- step time T(B, K) = a + b·B·(K+1) + K·c·(a + b·B) (``StepCostModel.from_cost_ratio`` with the draft's c),
-  times (1 + cv·z) with z a per-window standard normal;
+- step time T(B, K) = a + b·B·(K+1) + K·c·(a + b·B) (``StepCostModel.from_cost_ratio`` with the draft's c)
+  + r·L·B (the KV read of B sequences of L context tokens, ``kv_read_s_per_token``), times (1 + cv·z) with z a
+  per-window standard normal;
+- requests beyond the batch wait (``waiting`` = concurrency − B, what ``vllm:num_requests_waiting`` shows);
+- with ``[engine.memory]``: the KV pool holds (pool − draft weights) / (target + draft KV bytes per token)
+  tokens (``vllm:cache_config_info`` num_gpu_blocks × block_size, as vLLM sizes it after loading the
+  draft; refreshed on every restart), and ``vllm:kv_cache_usage_perc`` = B·(tokens_per_seq + K) / that;
 - steps Δ / T; drafts D = round(steps · B) (vLLM counts one draft per sequence per step);
 - accepted length per draft n ∈ 0..K with P(n ≥ j) = Π_{i<j} c_i, c_i = α(t)·(1 − decay)^i, drawn as one
   multinomial over the D drafts; a_i = #drafts with n > i; A = Σ a_i; generated tokens G = D + A;
@@ -89,9 +94,7 @@ class SimEngine:
         phases = scenario.load.phases
         self._phase_ends = np.cumsum([p.duration_s for p in phases]) if phases else np.array([np.inf])
         self._phase_concurrency = np.array([p.concurrency for p in phases] or [0.0])
-        self._phase_scale = {
-            d.name: np.array([p.scale_for(d.name) for p in phases] or [1.0]) for d in scenario.drafts
-        }
+        self._phase_scale = {d.name: np.array([p.scale_for(d.name) for p in phases] or [1.0]) for d in scenario.drafts}
 
     # -- configs -------------------------------------------------------------------------------
     def to_spec(self, cfg: SimConfig) -> SpecConfig:
@@ -207,6 +210,25 @@ class SimEngine:
             slots += cfg.k
         return max(0, min(e.max_num_seqs, int(pool // (per_token * slots)) if pool > 0 else 0))
 
+    def kv_tokens(self, cfg: SimConfig) -> float | None:
+        """Tokens the KV pool holds with ``cfg`` loaded (None: the scenario models no memory)."""
+        m = self.scenario.engine.memory
+        if m is None:
+            return None
+        pool, per_token = m.kv_pool_bytes, m.target_kv_bytes_per_token
+        if not cfg.off:
+            d = self.drafts[str(cfg.draft)]
+            pool -= d.weights_bytes
+            per_token += d.kv_bytes_per_token
+        return max(pool, 0.0) / per_token
+
+    def cache_config(self, cfg: SimConfig) -> dict[str, str] | None:
+        """``vllm:cache_config_info`` labels the engine shows with ``cfg`` loaded (None: no memory model)."""
+        tokens = self.kv_tokens(cfg)
+        if tokens is None:
+            return None
+        return {"block_size": str(KV_BLOCK_SIZE), "num_gpu_blocks": str(int(tokens // KV_BLOCK_SIZE))}
+
     def start_problem(self, cfg: SimConfig) -> str | None:
         """Why ``cfg`` would not start, or None."""
         if cfg.off:
@@ -230,7 +252,15 @@ class SimEngine:
             model.fixed_s
             + model.per_token_s * b * (k + 1)
             + passes * (model.draft_fixed_s + model.draft_per_seq_s * b)
+            + self.kv_read_s_per_seq * b
         )
+
+    @property
+    def kv_read_s_per_seq(self) -> float:
+        """Attention's KV read per running sequence per target pass: long contexts at high concurrency
+        make a step memory-bound in the batch (0 unless the scenario sets ``kv_read_s_per_token``)."""
+        e = self.scenario.engine
+        return e.kv_read_s_per_token * e.memory.tokens_per_seq if e.memory is not None else 0.0
 
     def batch(self, cfg: SimConfig, t: ArrayLike) -> NDArray[np.float64]:
         return np.minimum(self.concurrency(t), float(self.max_batch(cfg)))
@@ -256,6 +286,13 @@ class SimEngine:
         conc = self.concurrency(t)
         b = self.batch(cfg, t)
         waiting = np.maximum(conc - b, 0.0)
+        kv_tokens, mem = self.kv_tokens(cfg), self.scenario.engine.memory
+        slots = 0 if cfg.off else cfg.k
+        usage = (
+            np.minimum(b * (mem.tokens_per_seq + slots) / kv_tokens, 1.0)
+            if kv_tokens and mem is not None
+            else np.full(len(t), np.nan)
+        )
         cv = self.scenario.engine.step_time_cv
         noise = np.maximum(1.0 + cv * self._step_noise[self._slot(t)], 0.2)
         step_s = self.step_time_s(cfg, np.maximum(b, 1e-9)) * noise
@@ -263,8 +300,8 @@ class SimEngine:
         drafts = np.rint(steps * b).astype(np.int64)
         if cfg.off:
             return [
-                SimWindow(float(s0), float(s1), float(n), None, float(bb), float(w), float(st), 0)
-                for s0, s1, n, bb, w, st in zip(starts_s, ends_s, drafts, b, waiting, step_s, strict=True)
+                SimWindow(float(s0), float(s1), float(n), None, float(bb), float(w), float(st), 0, _usage(u))
+                for s0, s1, n, bb, w, st, u in zip(starts_s, ends_s, drafts, b, waiting, step_s, usage, strict=True)
             ]
         ks = cfg.k_at(b)
         survive = self.survival(cfg, self.alpha(str(cfg.draft), t, jitter=True), ks)
@@ -277,16 +314,38 @@ class SimEngine:
             n = int(drafts[i])
             if k == 0:  # a table row with K = 0: plain decoding steps, no drafts
                 spec = SpecCounters(0, 0, 0, (), None)
-                out.append(SimWindow(float(starts_s[i]), float(ends_s[i]), float(n), spec, float(b[i]),
-                                     float(waiting[i]), float(step_s[i]), 0))
+                out.append(
+                    SimWindow(
+                        float(starts_s[i]),
+                        float(ends_s[i]),
+                        float(n),
+                        spec,
+                        float(b[i]),
+                        float(waiting[i]),
+                        float(step_s[i]),
+                        0,
+                        _usage(usage[i]),
+                    )
+                )
                 continue
             # Counters at the window's K (as per-step records report it; /metrics alone would show K_max
             # positions and could not tell a short draft from a rejection).
             per_pos = tuple(int(x) for x in at_least[i, 1 : k + 1])
             accepted = sum(per_pos)
             spec = SpecCounters(n, n * k, accepted, per_pos, k, generated_tokens=n + accepted)
-            out.append(SimWindow(float(starts_s[i]), float(ends_s[i]), float(n + accepted), spec, float(b[i]),
-                                 float(waiting[i]), float(step_s[i]), k))
+            out.append(
+                SimWindow(
+                    float(starts_s[i]),
+                    float(ends_s[i]),
+                    float(n + accepted),
+                    spec,
+                    float(b[i]),
+                    float(waiting[i]),
+                    float(step_s[i]),
+                    k,
+                    _usage(usage[i]),
+                )
+            )
         return out
 
 
@@ -300,6 +359,14 @@ class SimWindow:
     waiting: float
     step_s: float  # the window's step time T(B, K) × noise (what the plugin's per-step records measure)
     k: int  # tokens drafted per sequence per step
+    kv_usage: float | None = None  # vllm:kv_cache_usage_perc (0..1); None without a memory model
+
+
+KV_BLOCK_SIZE = 16  # vLLM's default block size on GPUs (tokens per KV block)
+
+
+def _usage(x: float) -> float | None:
+    return None if math.isnan(x) else float(x)
 
 
 def _draft_cost(d: DraftSection, target_step_s: float, per_token_s: float) -> StepCostModel:

@@ -26,7 +26,7 @@ import tempfile
 import time
 import zlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -39,8 +39,9 @@ from policies.acceptance import evidence_from_counters
 from policies.change import ChangeDetectorConfig, ChangeDetectorState, update_change_detector
 from policies.counters import SpecCounters
 from policies.spec_config import SpecConfig
+from policies.step_cost import StepCostModel
 from tuner.actuators.base import ApplyStatus
-from tuner.config import ConfigError, SpectunerConfig, parse_config
+from tuner.config import ConfigError, SpectunerConfig, StepCostSection, parse_config
 from tuner.controller.audit import TickResult
 from tuner.controller.context import DecisionContext, measure
 from tuner.controller.controller import Controller, Policy
@@ -117,6 +118,9 @@ class PolicyRun:
     detection_s: float | None = None  # first reaction (proposal or change) after the scenario's change
     change_detector_s: float | None = None  # spectuner's CUSUM (policies.change) on the same windows
     timeline: list[tuple[float, str]] = field(default_factory=list)  # (sim seconds, config label)
+    configs: list[tuple[float, SimConfig]] = field(default_factory=list)  # the timeline's configs
+    detector_alarms: int = 0  # the CUSUM's alarms over the whole run (spectuner only)
+    detector_false_alarms: int = 0  # ... of which the running draft's true α had not moved by its shift
     phases: dict[str, float] = field(default_factory=dict)  # phase → generated tokens
     ticks: dict[str, int] = field(default_factory=dict)  # tick action → count
     hourly_goodput: list[float] = field(default_factory=list)
@@ -163,6 +167,19 @@ class ControllerDriver(_Driver):
 
     def flush(self, records: Sequence[WindowRecord], steps: Sequence[StepRecord] = ()) -> None:
         self.sink.write_windows_and_steps(records, steps)
+
+    def pin_step_cost(self, model: StepCostModel) -> None:
+        """``[policy.step_cost]`` = ``model`` from the next tick: spectuner_stepcost's true T(B, K) is the
+        draft in force's, so after a swap it is re-read for the new draft (as an operator would re-pin it)."""
+        s = self.controller.settings
+        section = StepCostSection(
+            fixed_s=model.fixed_s,
+            per_token_s=model.per_token_s,
+            draft_fixed_s=model.draft_fixed_s,
+            draft_per_seq_s=model.draft_per_seq_s,
+        )
+        policy = replace(s.policy, policy=s.policy.policy.model_copy(update={"step_cost": section}))
+        self.controller.settings = replace(s, policy=policy)
 
     def tick(self, now: datetime) -> None:
         # As the daemon's decide job: verify, then decide at the same ``now``. When verify rolled a change
@@ -222,10 +239,14 @@ class ThinDriver(_Driver):
         current = self.store.current_config(KEY)
         assert current is not None
         evidence = measure(self.store, [KEY], current, now, self.baseline.evidence_window_s)
-        target = self.baseline.decide(evidence, self.actuator.config, now)
-        if target is None or target == self.actuator.config:
+        current_cfg = self.actuator.config
+        target = self.baseline.decide(evidence, current_cfg, now)
+        if target is None or target == current_cfg:
             return
-        if self.change_at is not None and now >= self.change_at and self.run.detection_s is None:
+        t = (now - T0).total_seconds()
+        responds = float(self.engine.expected_goodput(target, t)) > float(self.engine.expected_goodput(current_cfg, t))
+        if self.change_at is not None and now >= self.change_at and self.run.detection_s is None and responds:
+            # a change that responds to the event (the new config is truly better now), not an exploration
             self.run.detection_s = (now - self.change_at).total_seconds()
         spec = self.engine.to_spec(target)
         result = self.actuator.apply(spec.to_vllm())
@@ -274,6 +295,7 @@ def _record(w: Any, key: EngineKey) -> WindowRecord:
         generation_tokens=w.generation_tokens,
         requests_running=w.batch,
         requests_waiting=w.waiting,
+        kv_cache_usage=w.kv_usage,
     )
 
 
@@ -302,18 +324,21 @@ def simulate(
         if stores is None:
             raise ValueError("adaptive policies need a StoreFactory")
         store = stores.new()
+        cache = engine.cache_config(start)
+        if cache is not None:
+            store.upsert_engine(KEY, seen_at=clock.now, cache_config=cache)
         if policy in CONTROLLER:
             config = daemon_config(scenario, engine, step_cost=policy == "spectuner_stepcost")
             driver = ControllerDriver(store, actuator, config, clock, run, change_at)
         else:
             driver = ThinDriver(store, actuator, engine, make_baseline(policy, engine), clock, run, change_at)
     detector = _detector(scenario) if policy in CONTROLLER else None
+    det = _DetectorRun(engine, start) if detector is not None else None
     shadow = (
         ShadowFeed(s, s.shadow, engine, np.random.default_rng([seed, 21]))
         if s.shadow is not None and policy in CONTROLLER
         else None
     )
-    det_state = ChangeDetectorState()
     hours = max(1, math.ceil(s.duration_s / 3600.0))
     hourly = np.zeros(hours)
     n_phases = len(s.load.phases)
@@ -321,6 +346,7 @@ def simulate(
     t = 0.0
     next_tick = c.decide_interval_s
     run.timeline.append((0.0, start.label))
+    run.configs.append((0.0, start))
     try:
         while t < s.duration_s - 1e-9:
             # The windows up to the next decide tick (fixed configs: the whole run) in one draw.
@@ -334,9 +360,10 @@ def simulate(
             np.add.at(hourly, np.minimum((starts // 3600).astype(np.int64), hours - 1), tokens)
             if n_phases:
                 np.add.at(phase_tokens, engine._phase(starts), tokens)
-            if detector is not None and run.change_detector_s is None:
+            if detector is not None and det is not None:
+                det.config(actuator.config, t)
                 for w in ws:
-                    det_state = _feed(detector, det_state, w, run, change_at)
+                    det.feed(detector, w, run, change_at)
             t = horizon
             if driver is None:
                 continue
@@ -350,7 +377,14 @@ def simulate(
             if after_s > t:  # the engine was down for a restart: nothing was generated meanwhile
                 t = min(after_s, s.duration_s)
             if actuator.config != before:
+                if policy == "spectuner_stepcost" and isinstance(driver, ControllerDriver):
+                    driver.pin_step_cost(engine.cost[actuator.config.draft or start.draft or s.drafts[0].name])
+                # a restart sizes a new KV pool: the engine's cache_config_info changes with the config
+                cache = engine.cache_config(actuator.config)
+                if store is not None and cache is not None:
+                    store.upsert_engine(KEY, seen_at=clock.now, cache_config=cache)
                 run.timeline.append((round(t, 3), actuator.config.label))
+                run.configs.append((round(t, 3), actuator.config))
             while next_tick <= t + 1e-9:
                 next_tick += c.decide_interval_s
     finally:
@@ -394,11 +428,13 @@ def daemon_config(scenario: Scenario, engine: SimEngine, *, step_cost: bool = Fa
             "regression_tolerance": c.regression_tolerance,
         },
         "drafts": [
-            _candidate(engine, d.name)
-            for d in scenario.drafts
-            if c.candidates is None or d.name in c.candidates
+            _candidate(engine, d.name) for d in scenario.drafts if c.candidates is None or d.name in c.candidates
         ],
     }
+    if e.memory is not None:
+        # the target's KV bytes per token, as an operator reads it from the model's config.json: with the
+        # engine's cache_config_info, the KV pool that caps each config's batch
+        data["memory"] = {"target_kv_bytes_per_token": int(e.memory.target_kv_bytes_per_token)}
     if step_cost:
         m = engine.cost[start.draft or scenario.drafts[0].name]
         data["policy"]["step_cost"] = {
@@ -445,19 +481,75 @@ def _detector(scenario: Scenario) -> ChangeDetectorConfig:
     return ChangeDetectorConfig(window_s=scenario.controller.collect_interval_s)
 
 
-def _feed(
-    config: ChangeDetectorConfig, state: ChangeDetectorState, w: Any, run: PolicyRun, change_at: datetime | None
-) -> ChangeDetectorState:
-    if w.spec is None:
-        return state
-    ev = evidence_from_counters(w.spec)
-    if ev.evidence is None:
-        return state
-    now = T0 + timedelta(seconds=w.end_s)
-    decision, state = update_change_detector(state, ev.evidence, now, config)
-    if decision.changed and change_at is not None and now >= change_at:
-        run.change_detector_s = (now - change_at).total_seconds()
-    return state
+class _DetectorRun:
+    """The CUSUM (``policies.change``) fed every window of the running config; it restarts when the
+    config changes (another draft or K is another α). An alarm is false when the running draft's true α
+    (the scenario's, without the windows' jitter) moved less than half the detector's shift since the
+    reference began."""
+
+    def __init__(self, engine: SimEngine, start: SimConfig) -> None:
+        self.engine = engine
+        self.state = ChangeDetectorState()
+        self.cfg = start
+        self.since_s = 0.0
+
+    def config(self, cfg: SimConfig, t: float) -> None:
+        if cfg != self.cfg:
+            self.cfg, self.state, self.since_s = cfg, ChangeDetectorState(), t
+
+    def feed(self, config: ChangeDetectorConfig, w: Any, run: PolicyRun, change_at: datetime | None) -> None:
+        if w.spec is None or self.cfg.off:
+            return
+        ev = evidence_from_counters(w.spec)
+        if ev.evidence is None:
+            return
+        now = T0 + timedelta(seconds=w.end_s)
+        decision, self.state = update_change_detector(self.state, ev.evidence, now, config)
+        if not decision.changed:
+            return
+        run.detector_alarms += 1
+        draft = str(self.cfg.draft)
+        moved = abs(float(self.engine.alpha(draft, w.end_s)) - float(self.engine.alpha(draft, self.since_s)))
+        if moved < config.shift / 2:
+            run.detector_false_alarms += 1
+        self.since_s = w.end_s
+        if change_at is not None and now >= change_at and run.change_detector_s is None:
+            run.change_detector_s = (now - change_at).total_seconds()
+
+
+@dataclass(frozen=True)
+class ChangeJudgement:
+    """What the world model says of a policy's config changes (expected goodput, no noise)."""
+
+    unwarranted: int  # the new config was not better than the old at the moment of the change
+    unpaid: int  # restarts whose gain until the next change did not repay their serving gap
+    first_response_s: float | None  # first warranted change at or after the scenario's change_at_s
+
+
+def judge_changes(engine: SimEngine, run: PolicyRun, downtime_s: float) -> ChangeJudgement:
+    """Each change of ``run`` against the truth: a false alarm is a change to a config that was not
+    better when it was made; an unpaid restart is one whose expected extra tokens until the next change
+    (or the end) fell short of the tokens its serving gap lost — a transient shorter than its payback."""
+    s = engine.scenario
+    unwarranted = unpaid = 0
+    first: float | None = None
+    dt = s.controller.collect_interval_s
+    for i in range(1, len(run.configs)):
+        t, new = run.configs[i]
+        _, old = run.configs[i - 1]
+        at = max(t - downtime_s, 0.0)  # the decision was taken when the restart began
+        better = float(engine.expected_goodput(new, at)) > float(engine.expected_goodput(old, at))
+        if not better:
+            unwarranted += 1
+        elif s.change_at_s is not None and at >= s.change_at_s and first is None:
+            first = at - s.change_at_s
+        end = run.configs[i + 1][0] - downtime_s if i + 1 < len(run.configs) else s.duration_s
+        grid = np.arange(t, max(end, t + dt), dt) + dt / 2
+        won = float(np.sum(engine.expected_goodput(new, grid) - engine.expected_goodput(old, grid)) * dt)
+        lost = float(engine.expected_goodput(old, at)) * downtime_s
+        if won < lost:
+            unpaid += 1
+    return ChangeJudgement(unwarranted, unpaid, first)
 
 
 def start_config(scenario: Scenario) -> SimConfig:
@@ -526,7 +618,7 @@ def run_scenario(
             say(f"{name}: {run.goodput:.1f} tokens/s, {run.changes} changes ({run.wall_s:.1f} s)")
     oracle = runs["best_fixed"].goodput
     dynamic = dynamic_oracle_tokens(engine, configs) / scenario.duration_s
-    out_policies = {name: _policy_json(runs[name], oracle, dynamic, scenario) for name in policies}
+    out_policies = {name: _policy_json(runs[name], oracle, dynamic, scenario, engine) for name in policies}
     return {
         "scenario": scenario.name,
         "description": scenario.description,
@@ -547,7 +639,14 @@ def run_scenario(
     }
 
 
-def _policy_json(run: PolicyRun, oracle: float, dynamic: float, scenario: Scenario) -> dict[str, Any]:
+TIMELINE_MAX = 50  # timeline entries in the JSON; ``timeline_cut`` says when there were more
+
+
+def _policy_json(
+    run: PolicyRun, oracle: float, dynamic: float, scenario: Scenario, engine: SimEngine
+) -> dict[str, Any]:
+    days = scenario.duration_s / 86400.0
+    judged = judge_changes(engine, run, scenario.engine.restart_downtime_s)
     out: dict[str, Any] = {
         "goodput": round(run.goodput, 3),
         "ratio_to_oracle": round(run.goodput / oracle, 4) if oracle > 0 else None,
@@ -556,18 +655,26 @@ def _policy_json(run: PolicyRun, oracle: float, dynamic: float, scenario: Scenar
         "restarts": run.restarts,
         "failed_starts": run.failed_starts,
         "rollbacks": run.rollbacks,
+        "false_alarms_per_day": round(judged.unwarranted / days, 3),
+        "unpaid_restarts": judged.unpaid,
         "downtime_s": round(run.downtime_s, 3),
         "driver": run.driver,
         "config": run.config,
         "final_config": run.timeline[-1][1] if run.timeline else run.config,
-        "timeline": [[t, label] for t, label in run.timeline[:50]],
+        "timeline": [[t, label] for t, label in run.timeline[:TIMELINE_MAX]],
+        "timeline_cut": len(run.timeline) > TIMELINE_MAX,
+        "timeline_entries": len(run.timeline),
         "wall_s": round(run.wall_s, 3),
         "cpu_s": round(run.cpu_s, 3),
     }
     if scenario.change_at_s is not None:
         out["detection_s"] = run.detection_s
+        out["response_s"] = judged.first_response_s
         if run.policy in CONTROLLER:
             out["change_detector_s"] = run.change_detector_s
+    if run.policy in CONTROLLER:
+        out["detector_alarms_per_day"] = round(run.detector_alarms / days, 3)
+        out["detector_false_alarms_per_day"] = round(run.detector_false_alarms / days, 3)
     if run.phases:
         out["phases"] = _phase_goodput(run, scenario)
     if run.ticks:

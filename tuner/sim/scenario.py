@@ -28,6 +28,10 @@ class ScenarioError(ValueError):
             lines = "\n".join(f"  - {p}" for p in problems)
             super().__init__(f"scenario {path} has {len(problems)} problems:\n{lines}")
 
+    def one_line(self) -> str:
+        """The problems on one line (the CLI's error line)."""
+        return f"scenario {self.path}: " + "; ".join(self.problems)
+
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -58,6 +62,12 @@ class EngineSection(_Section):
         default=0.0, ge=0, description="extra serving gap when a config fails and the old one is restarted"
     )
     max_num_seqs: int = Field(default=256, ge=1, description="vLLM --max-num-seqs")
+    kv_read_s_per_token: float = Field(
+        default=0.0,
+        ge=0,
+        description="target step time per context token read per running sequence (attention's KV read): "
+        "adds kv_read_s_per_token·B·memory.tokens_per_seq to every step; needs [engine.memory]",
+    )
     step_time_cv: float = Field(default=0.02, ge=0, lt=1, description="per-window noise on the step time")
     memory: MemorySection | None = None
     failing_configs: list[FailingConfig] = Field(default_factory=list)
@@ -145,7 +155,21 @@ class LoadSection(_Section):
     def _phases(self) -> LoadSection:
         if self.kind == "phases" and not self.phases:
             raise ValueError("kind is 'phases' but no [[load.phases]] are given; add them")
+        extra = sorted((self.model_fields_set - {"kind"}) - LOAD_KEYS[self.kind])
+        if extra:
+            raise ValueError(
+                f"{extra} do not apply to kind = {self.kind!r} (it reads {sorted(LOAD_KEYS[self.kind])}); remove them"
+            )
         return self
+
+
+# Which [load] keys each kind reads: a key of another kind is a mistake, refused at load.
+LOAD_KEYS: dict[str, set[str]] = {
+    "constant": {"concurrency", "output_tokens"},
+    "diurnal": {"trough_concurrency", "peak_concurrency", "peak_at_s", "period_s", "output_tokens"},
+    "bursty": {"concurrency", "burst_concurrency", "burst_every_s", "burst_duration_s", "output_tokens"},
+    "phases": {"phases", "output_tokens"},
+}
 
 
 class ControllerSection(_Section):
@@ -235,6 +259,20 @@ class Scenario(_Section):
         for f in self.engine.failing_configs:
             if f.draft is not None and f.draft not in names:
                 raise ValueError(f"engine.failing_configs names draft {f.draft!r}, not one of {names}")
+            above = sorted(k for k in f.k or () if k > self.controller.k_max)
+            if above:
+                raise ValueError(
+                    f"engine.failing_configs K {above} above controller.k_max ({self.controller.k_max}) never run"
+                )
+        if self.change_at_s is not None and self.change_at_s >= self.duration_s:
+            raise ValueError(f"change_at_s ({self.change_at_s}) is not before duration_s ({self.duration_s})")
+        for d in self.drafts:
+            if d.method in ("ngram", "suffix"):
+                loaded = sorted({"weights_bytes", "kv_bytes_per_token", "cost_ratio"} & d.model_fields_set)
+                if loaded:
+                    raise ValueError(f"draft {d.name!r} ({d.method}) loads no model: {loaded} do not apply")
+        if self.engine.kv_read_s_per_token > 0 and self.engine.memory is None:
+            raise ValueError("engine.kv_read_s_per_token needs [engine.memory] (tokens_per_seq: the context read)")
         unknown_candidates = sorted(set(self.controller.candidates or ()) - set(names))
         if unknown_candidates:
             raise ValueError(f"controller.candidates names unknown draft(s) {unknown_candidates}; drafts: {names}")
@@ -267,10 +305,20 @@ def _problem(err: Any) -> str:
 
 
 def parse_scenario(data: dict[str, Any], path: str = "<scenario>") -> Scenario:
+    """Validate a scenario, its ``[controller.*]`` tables included (they are built into the daemon's
+    config here, so a typo there is refused now, not after every baseline has run)."""
     try:
-        return Scenario.model_validate(data)
+        scenario = Scenario.model_validate(data)
     except ValidationError as exc:
         raise ScenarioError(path, [_problem(e) for e in exc.errors()]) from None
+    from tuner.sim.engine import SimEngine  # the engine and the runner import this module
+    from tuner.sim.run import daemon_config
+
+    try:
+        daemon_config(scenario, SimEngine(scenario))
+    except ScenarioError as exc:
+        raise ScenarioError(path, exc.problems) from None
+    return scenario
 
 
 def load_scenario(path: str | Path) -> Scenario:

@@ -364,15 +364,16 @@ class Store:
             return [R.window_from_row(row, key) for row in conn.execute(query)]
 
     def load_samples(self, key: EngineKey, since: datetime, until: datetime) -> list[tuple[datetime, float, float]]:
-        """(end, window seconds, requests running) of one engine's windows ending in ``[since, until)``: the
-        load profile alone, three columns instead of whole windows (it is read every decide tick)."""
+        """(end, window seconds, requests running + waiting) of one engine's windows ending in ``[since, until)``:
+        the load profile alone (the demand: what runs, and what waits for a batch slot when memory caps the
+        batch), a few columns instead of whole windows (it is read every decide tick)."""
         _bounds(since, until)
         engine_id = self.engine_id(key)
         if engine_id is None:
             return []
         c = windows_t.c
         query = _range(
-            select(c.start_ts, c.end_ts, c.requests_running).where(
+            select(c.start_ts, c.end_ts, c.requests_running, c.requests_waiting).where(
                 c.engine_id == engine_id, c.requests_running.is_not(None)
             ),
             c.end_ts,
@@ -380,7 +381,10 @@ class Store:
             until,
         )
         with self.read_connection() as conn:
-            return [(row[1], (row[1] - row[0]).total_seconds(), float(row[2])) for row in conn.execute(query)]
+            return [
+                (row[1], (row[1] - row[0]).total_seconds(), float(row[2]) + float(row[3] or 0.0))
+                for row in conn.execute(query)
+            ]
 
     def latest_window(self, key: EngineKey) -> WindowRecord | None:
         engine_id = self.engine_id(key)

@@ -5,13 +5,18 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from policies.acceptance import alpha_of_windows
 from policies.counters import SpecCounters
 from policies.draft_choice import DraftCandidate
+from policies.memory import DraftFootprint
 from policies.spec_config import SpecConfig
 from policies.step_cost import StepCostModel
 from tests.fakes import iid_counters, make_context
-from tuner.controller.context import DecisionInputs
+from tuner.config import MemorySection, PolicySection
+from tuner.controller.context import DecisionInputs, kv_capacity
+from tuner.controller.settings import PolicySettings
 
 SPEC = {"method": "draft_model", "model": "/drafts/good", "num_speculative_tokens": 4}
 
@@ -63,3 +68,33 @@ def test_the_fake_context_is_built_as_build_context_builds_it() -> None:
     configured = make_context(SPEC, [at4], candidates=(good, other))
     assert configured.running == good and configured.candidates == (good, other)
     assert make_context(SPEC, [at4]).candidates == ()  # no candidates: swapping off, none listed
+
+
+def test_the_kv_pool_comes_from_cache_config_and_the_context_per_sequence_from_kv_usage() -> None:
+    # 8B FP8 draft at K = 3 on a 70B FP8 target: 124 348 tokens of pool (7 771 blocks of 16); 15 sequences
+    # of 8 192 tokens + 3 lookahead slots fill 98.9 % of it
+    spec = {"method": "draft_model", "model": "/m/8b", "num_speculative_tokens": 3}
+    eight_b = DraftCandidate("8b", "draft_model", "/m/8b", params=8_000_000_000, dtype="fp8", kv_bytes_per_token=131072)
+    ctx = make_context(spec, [iid_counters(0.75, 3, 200)] * 3, batch=15.0, candidates=(eight_b,))
+    tokens = 7771 * 16
+    ctx = replace(ctx, kv_usage=15 * (8192 + 3) / tokens, mean_demand=32.0)
+    settings = PolicySettings.from_sections(PolicySection(), MemorySection(target_kv_bytes_per_token=327680))
+    cache = {"num_gpu_blocks": "7771", "block_size": "16", "cache_dtype": "fp8"}
+    kv = kv_capacity(ctx, cache, settings)
+    assert kv is not None and kv.tokens == tokens and kv.tokens_per_seq == pytest.approx(8192)
+    assert kv.running == DraftFootprint("draft_model", 8_000_000_000, 131072) and kv.running_k == 3
+    assert (kv.max_batch(None, 0), kv.max_batch(kv.running, 3)) == (24, 15)
+    # anything missing: no capacity (the policy then ranks every config at the batch running now)
+    assert kv_capacity(ctx, None, settings) is None
+    unsized = make_context(spec, [iid_counters(0.75, 3, 200)] * 3, batch=15.0)  # the 8B not registered
+    assert unsized.running is not None and unsized.running.params == 0
+    assert kv_capacity(replace(unsized, kv_usage=ctx.kv_usage, mean_demand=32.0), cache, settings) is None
+    assert kv_capacity(ctx, {"num_gpu_blocks": "n/a", "block_size": "16"}, settings) is None
+    assert kv_capacity(ctx, cache, PolicySettings.from_sections(PolicySection(), MemorySection())) is None
+    # no KV usage scraped: [memory] tokens_per_seq stands in
+    fallback = PolicySettings.from_sections(
+        PolicySection(), MemorySection(target_kv_bytes_per_token=327680, tokens_per_seq=4096)
+    )
+    unscraped = kv_capacity(replace(ctx, kv_usage=None), cache, fallback)
+    assert unscraped is not None and unscraped.tokens_per_seq == 4096
+

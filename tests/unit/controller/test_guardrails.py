@@ -174,3 +174,16 @@ def test_chain_order_first_block_wins() -> None:
 def test_naive_now_is_refused() -> None:
     with pytest.raises(ValueError, match="aware"):
         check_guardrails(SETTINGS, STATE, GOOD, datetime(2026, 1, 1))
+
+
+def test_switching_cost_is_weighed_over_the_remaining_regime() -> None:
+    rails = GuardrailsSection(restart_downtime_s=90.0, payback_horizon_s=3600.0)
+    p = Proposal("x", 1.2, (1.1, 1.3), 10_000, 300.0)  # payback 450 s
+    assert check_switching_cost(rails, ControllerState(), p, T0) is None
+    short = check_switching_cost(
+        rails, ControllerState(), Proposal("x", 1.2, (1.1, 1.3), 10_000, 300.0, horizon_s=120.0), T0
+    )
+    assert short is not None and short.reason is BlockReason.SWITCHING_COST
+    assert "remaining length" in short.message
+    long = Proposal("x", 1.2, (1.1, 1.3), 10_000, 300.0, horizon_s=600.0)
+    assert check_switching_cost(rails, ControllerState(), long, T0) is None

@@ -87,10 +87,20 @@ def test_a_candidate_that_failed_to_start_is_not_proposed_again() -> None:
 
 def test_acceptance_above_threshold_keeps_the_draft_and_tunes_k() -> None:
     spec = {"method": "draft_model", "model": "/models/medium", "num_speculative_tokens": 1}
-    out = propose(evidence(spec, 0.75, k=1), SETTINGS)
+    out = propose(evidence(spec, 0.75, k=1, candidates=(WEAK, MEDIUM)), SETTINGS)
     assert out.reason is PolicyReason.CHANGE_K  # no swap: K tuning alone
     assert out.target is not None and out.target.model == "/models/medium"
     assert out.target.k is not None and out.target.k > 1
+
+
+def test_a_candidate_that_confidently_beats_a_good_draft_is_proposed_beyond_failure() -> None:
+    # α 0.75 is well above the 0.4 floor, but GOOD (prior 0.9, same cost) is confidently faster
+    spec = {"method": "draft_model", "model": "/models/medium", "num_speculative_tokens": 1}
+    out = propose(evidence(spec, 0.75, k=1), SETTINGS)
+    assert out.reason is PolicyReason.SWAP_DRAFT
+    assert out.target is not None and out.target.model == "/models/good"
+    assert out.acceptance_low is None and "acceptance_low" not in (out.details or {})
+    assert out.predicted_gain_ci is not None and out.predicted_gain_ci[0] > 1.0
 
 
 def test_too_little_evidence_never_swaps() -> None:
@@ -170,10 +180,10 @@ def test_under_a_table_a_busy_spell_does_not_switch_speculation_off() -> None:
 
 def test_a_k_that_failed_is_replaced_by_the_next_best_k() -> None:
     spec = {"method": "draft_model", "model": "/models/medium", "num_speculative_tokens": 1}
-    best = propose(evidence(spec, 0.75, k=1), SETTINGS)
+    best = propose(evidence(spec, 0.75, k=1, candidates=(WEAK, MEDIUM)), SETTINGS)
     assert best.target is not None
     failed = (best.target,)
-    second = propose(evidence(spec, 0.75, k=1, failed=failed), SETTINGS)
+    second = propose(evidence(spec, 0.75, k=1, failed=failed, candidates=(WEAK, MEDIUM)), SETTINGS)
     assert second.target is not None and second.target != best.target
     assert second.target.k not in (1, best.target.k)
     assert "failed lately" in second.message

@@ -16,6 +16,7 @@ from policies.acceptance import (
     AlphaReason,
     IntervalMethod,
     alpha_interval,
+    alpha_of_windows,
     estimate_alpha,
     evidence_from_counters,
     pool_evidence,
@@ -242,3 +243,25 @@ def test_alpha_of_windows_pools_windows_at_their_effective_k() -> None:
     assert pool_evidence([at4]).evidence is not None
     # every window at the config's K: the summed counters' estimate, exactly
     assert alpha_of_windows([at4, at4]) == estimate_alpha(at4 + at4)
+
+
+def counters(rng: np.random.Generator, alpha: float, k: int, drafts: int) -> SpecCounters:
+    """One window of i.i.d. acceptance at ``alpha``: accepted length per draft, truncated at K."""
+    surv = np.concatenate([[1.0], np.cumprod(np.full(k, alpha))])
+    p = surv - np.append(surv[1:], 0.0)
+    exact = rng.multinomial(drafts, p)
+    at_least = np.cumsum(exact[::-1])[::-1]
+    per_pos = tuple(int(x) for x in at_least[1:])
+    return SpecCounters(drafts, drafts * k, sum(per_pos), per_pos, k)
+
+
+def test_wandering_windows_are_overdispersed_and_widen_the_interval() -> None:
+    rng = np.random.default_rng(2)
+    steady = [counters(rng, 0.7, 3, 4000) for _ in range(30)]
+    noisy = [counters(rng, float(np.clip(0.7 + 0.04 * rng.standard_normal(), 0, 0.99)), 3, 4000) for _ in range(30)]
+    a, b = alpha_of_windows(steady), alpha_of_windows(noisy)
+    assert a.dispersion < 1.5 < 10 < b.dispersion
+    assert a.alpha_ci is not None and b.alpha_ci is not None
+    width = lambda ci: ci[1] - ci[0]  # noqa: E731
+    assert width(b.alpha_ci) > 3 * width(a.alpha_ci)
+    assert b.alpha_ci[0] < 0.7 < b.alpha_ci[1]

@@ -82,13 +82,24 @@ def test_a_rise_is_detected() -> None:
 
 
 def test_warm_up_then_stable() -> None:
-    config = ChangeDetectorConfig(window_s=10, min_reference_trials=500)
+    config = ChangeDetectorConfig(window_s=10, min_reference_trials=500, min_reference_windows=2)
     state = ChangeDetectorState()
     decision, state = update_change_detector(state, AcceptanceEvidence(200, 100, 100), T0, config)
     assert decision.reason is ChangeReason.WARMING_UP and "300 of 500" in decision.message
     decision, state = update_change_detector(state, AcceptanceEvidence(200, 100, 100), T0, config)
     decision, state = update_change_detector(state, AcceptanceEvidence(200, 100, 100), T0, config)
     assert decision.reason is ChangeReason.STABLE and not decision.changed
+
+
+def test_warm_up_also_waits_for_enough_windows_to_estimate_their_spread() -> None:
+    config = ChangeDetectorConfig(window_s=10, min_reference_trials=500, min_reference_windows=4)
+    state = ChangeDetectorState()
+    for _ in range(4):
+        decision, state = update_change_detector(state, AcceptanceEvidence(2000, 1000, 1000), T0, config)
+        assert decision.reason is ChangeReason.WARMING_UP  # trials are plenty, windows are not
+    assert "4 of 4 windows" in decision.message
+    decision, state = update_change_detector(state, AcceptanceEvidence(2000, 1000, 1000), T0, config)
+    assert decision.reason is ChangeReason.STABLE
 
 
 def test_overdispersion_damps_the_statistic() -> None:
@@ -108,3 +119,29 @@ def test_config_and_state_are_validated_and_frozen() -> None:
     state = ChangeDetectorState()
     with pytest.raises(FrozenInstanceError):
         state.up = 1.0  # type: ignore[misc]
+
+
+def _alarms(alphas: list[float], seed: int) -> list[int]:
+    rng = np.random.default_rng(seed)
+    cfg = ChangeDetectorConfig(window_s=10.0)
+    state = ChangeDetectorState()
+    fired = []
+    for i, a in enumerate(alphas):
+        s = int(rng.binomial(12000, a))
+        decision, state = update_change_detector(
+            state, AcceptanceEvidence(s, 12000 - s, 4000), T0 + timedelta(seconds=10 * i), cfg
+        )
+        if decision.changed:
+            fired.append(i)
+    return fired
+
+
+def test_detector_does_not_cry_wolf_on_window_noise_but_sees_a_real_shift() -> None:
+    rng = np.random.default_rng(3)
+    n = 8640  # one day of 10 s windows
+    noise = 0.04 * rng.standard_normal(n)
+    stationary = list(np.clip(0.7 + noise, 0.01, 0.99))
+    assert len(_alarms(stationary, 4)) <= 2  # configured: 1 per day (binomial LLR alone: thousands)
+    shifted = list(np.clip(np.where(np.arange(n) < 4000, 0.7, 0.5) + noise, 0.01, 0.99))
+    fired = _alarms(shifted, 5)
+    assert any(4000 <= i < 4030 for i in fired)  # within 5 minutes of the shift

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -272,3 +273,30 @@ def test_one_k_for_a_bursty_load_is_the_fixed_k_oracle() -> None:
     assert best == brute and at_b160 < best < at_b8
     lo, hi = scores[best].interval
     assert lo < scores[best].tokens_per_s < hi
+
+
+def test_a_memory_cap_makes_k_zero_win_when_the_draft_costs_too_many_batch_slots() -> None:
+    """K = 0 drops the draft: 24 sequences fit instead of 8. At a demand of 24 plain decoding serves three
+    times the batch, which beats what speculation gains per sequence; at the same batch it would not."""
+    snap = KChoiceSnapshot(
+        now=NOW,
+        acceptance=ConstantAlphaModel(0.6, 0.58, 0.62),
+        step_cost=StepCostModel.from_cost_ratio(0.08, target_step_s=0.02, per_token_s=0.0001),
+        batch_size=24,
+        k_max=4,
+        current_k=3,
+    )
+    uncapped = choose_k(snap)
+    assert uncapped.k > 0
+    capped = choose_k(replace(snap, batch_caps=(24, 8, 8, 8, 8)))
+    assert capped.k == 0 and capped.reason is KReason.SPECULATION_DOES_NOT_PAY
+    k3 = capped.by_k[3]
+    assert k3.goodput_tokens_per_s == pytest.approx(8 * k3.expected_tokens_per_step / k3.step_time_s)
+    assert k3.speedup < 1.0  # over plain decoding at its own batch of 24
+    assert capped.gain_vs_current is not None and capped.gain_vs_current > 1.0
+    # a load profile: each bin's demand is capped per K too
+    assert goodput_over_load(snap.acceptance, snap.step_cost, ((60.0, 24.0),), 3, cap=8).tokens_per_s == pytest.approx(
+        goodput_over_load(snap.acceptance, snap.step_cost, ((60.0, 8.0),), 3).tokens_per_s
+    )
+    with pytest.raises(ValueError, match="one entry per K"):
+        replace(snap, batch_caps=(24, 8))

@@ -10,18 +10,21 @@ import pytest
 
 from bench.research.simulate import simulate_counters
 from policies.acceptance import AcceptanceEvidence
+from policies.counters import SpecCounters
 from policies.draft_choice import (
     DraftCandidate,
     DraftChoiceSnapshot,
+    DraftDecision,
     DraftReason,
     DraftTriggerConfig,
     SpecWindow,
     TriggerReason,
     TriggerStatistic,
+    capped_batch,
     check_trigger,
     choose_draft,
 )
-from policies.memory import MemoryBudget
+from policies.memory import KvCapacity, MemoryBudget
 from policies.step_cost import StepCostModel
 
 NOW = datetime(2026, 1, 1, 12, tzinfo=UTC)
@@ -74,9 +77,13 @@ def test_one_bad_window_does_not_trigger() -> None:
 
 def test_recovery_inside_the_duration_cancels() -> None:
     # pooled over ten minutes it is low, but the last slice recovered
-    check = check_trigger(windows([0.1] * 7 + [0.6] * 3), NOW, CONFIG)
+    check = check_trigger(windows([0.1] * 6 + [0.45] * 4), NOW, CONFIG)
     assert not check.triggered and check.reason is TriggerReason.RECOVERED
     assert "slice 3 of 3" in check.message
+    # a recovery far beyond sampling noise: the windows' spread already leaves the pooled α not clearly low
+    jump = check_trigger(windows([0.1] * 7 + [0.6] * 3), NOW, CONFIG)
+    assert not jump.triggered and jump.reason is TriggerReason.ABOVE_THRESHOLD
+    assert jump.value is not None and jump.value < 0.4 and jump.upper is not None and jump.upper > 0.4
 
 
 def test_upper_end_not_point_estimate_decides() -> None:
@@ -102,7 +109,8 @@ def test_raw_draft_acceptance_rate_option() -> None:
 
 
 def test_keep_when_not_triggered() -> None:
-    decision = choose_draft(snapshot(windows([0.7] * 10)))
+    # BIG (prior 0.9) would confidently beat α 0.7 and be proposed beyond failure; without it the draft stays
+    decision = choose_draft(snapshot(windows([0.7] * 10), candidates=(CURRENT, SMALL, TINY, NGRAM)))
     assert decision.reason is DraftReason.KEEP_NOT_TRIGGERED and decision.candidate is None
     assert decision.current is not None and decision.predicted_speedup > 1
 
@@ -175,3 +183,87 @@ def test_a_candidates_own_prior_strength_outweighs_the_configs() -> None:
     assert next(s for s in default.ranking if s.name == "big").prior == "configured 0.90 worth 200 tokens"
     with pytest.raises(ValueError, match="prior strength"):
         replace(BIG, prior_strength_trials=-1.0)
+
+
+def _windows(alpha: float, n: int = 10, drafts: int = 2000, k: int = 3) -> list[SpecWindow]:
+    rng = np.random.default_rng(7)
+    out = []
+    for i in range(n):
+        surv = np.concatenate([[1.0], np.cumprod(np.full(k, alpha))])
+        exact = rng.multinomial(drafts, surv - np.append(surv[1:], 0.0))
+        per_pos = tuple(int(x) for x in np.cumsum(exact[::-1])[::-1][1:])
+        end = NOW - timedelta(seconds=60 * (n - i - 1))
+        out.append(
+            SpecWindow(end - timedelta(seconds=60), end, SpecCounters(drafts, drafts * k, sum(per_pos), per_pos, k))
+        )
+    return out
+
+
+RUNNING_8B = DraftCandidate("running", "draft_model", "/m/8b", params=8_000_000_000, prior_alpha=0.75, cost_ratio=0.08)
+NGRAM_60 = DraftCandidate("ngram", "ngram", prior_alpha=0.6)
+
+
+def _choice(alpha: float) -> DraftReason:
+    snap = DraftChoiceSnapshot(
+        now=NOW, current="running", current_k=3, windows=_windows(alpha), candidates=(RUNNING_8B, NGRAM_60), history={},
+        batch_size=8, k_max=8, step_cost=StepCostModel.from_cost_ratio(0.08, 0.025, 0.0001),
+        config=DraftTriggerConfig(threshold=0.4, duration_s=600, min_drafts=2000, segments=3),
+    )  # fmt: skip
+    return choose_draft(snap).reason
+
+
+def test_a_candidate_that_confidently_beats_the_running_draft_is_proposed_above_the_floor() -> None:
+    assert _choice(0.45) is DraftReason.FALLBACK_NGRAM  # α 0.45 > 0.4: the floor alone would keep it
+    assert _choice(0.8) is DraftReason.KEEP_NOT_TRIGGERED  # the running draft is good: no swap
+
+
+def test_a_draft_the_floor_just_swapped_out_is_not_proposed_back_beyond_failure() -> None:
+    # ngram left with α below 0.4; its history (a good period before the fall) still ranks it above the
+    # running draft: without the exclusion the controller would swap straight back
+    snap = DraftChoiceSnapshot(
+        now=NOW, current="running", current_k=3, windows=_windows(0.45), candidates=(RUNNING_8B, NGRAM_60),
+        history={"ngram": AcceptanceEvidence(8500.0, 1500.0, 3000.0)}, batch_size=8, k_max=8,
+        step_cost=StepCostModel.from_cost_ratio(0.08, 0.025, 0.0001),
+        config=DraftTriggerConfig(threshold=0.4, duration_s=600, min_drafts=2000, segments=3),
+    )  # fmt: skip
+    assert choose_draft(snap).reason is DraftReason.FALLBACK_NGRAM
+    held = choose_draft(replace(snap, not_opportunistic=frozenset({"ngram"})))
+    assert held.reason is DraftReason.KEEP_NOT_TRIGGERED and held.candidate is None
+    # the floor itself still ranks it: acceptance that stays low may send the engine back to it
+    low = choose_draft(replace(snap, windows=_windows(0.2), not_opportunistic=frozenset({"ngram"})))
+    assert low.reason is DraftReason.FALLBACK_NGRAM
+
+
+# gpu_memory_bound: 70B FP8 with 8k contexts; the 8B draft leaves room for 15 sequences, the 1B for 21
+BIG_8B = DraftCandidate("8b", "draft_model", "/m/8b", params=8_000_000_000, dtype="fp8", kv_bytes_per_token=131072,
+                        prior_alpha=0.75, cost_ratio=0.08)  # fmt: skip
+SMALL_1B = DraftCandidate("1b", "draft_model", "/m/1b", params=2_500_000_000, dtype="fp8", kv_bytes_per_token=32768,
+                          prior_alpha=0.6, cost_ratio=0.03)  # fmt: skip
+KV_UNDER_8B = KvCapacity((65e9 - 8e9) / (327680 + 131072), 327680, 8192, BIG_8B.footprint(), 3)
+TARGET_70B = StepCostModel.from_cost_ratio(0.08, 0.02, 0.0001)
+
+
+def _memory_choice(demand: float) -> DraftDecision:
+    snap = DraftChoiceSnapshot(
+        now=NOW, current="8b", current_k=3, windows=_windows(0.75), candidates=(BIG_8B, SMALL_1B),
+        history={"1b": AcceptanceEvidence(60_000.0, 40_000.0, 40_000.0)},  # measured on this traffic
+        batch_size=min(round(demand), 15), k_max=6, step_cost=TARGET_70B, config=CONFIG, demand=demand,
+        kv=KV_UNDER_8B,
+    )  # fmt: skip
+    return choose_draft(snap)
+
+
+def test_candidates_are_ranked_at_the_batch_their_memory_lets_them_run() -> None:
+    assert capped_batch(KV_UNDER_8B, 32.0, SMALL_1B.footprint(), 3, TARGET_70B, 15)[0] == 21
+    batch, scale = capped_batch(KV_UNDER_8B, 32.0, BIG_8B.footprint(), 3, TARGET_70B, 15)
+    assert batch == 15
+    assert scale == pytest.approx((15 / TARGET_70B.plain_step_time_s(15)) / (24 / TARGET_70B.plain_step_time_s(24)))
+    assert capped_batch(None, 32.0, BIG_8B.footprint(), 3, TARGET_70B, 15) == (15, 1.0)  # no pool known
+    # at the peak 17 requests wait behind the 8B: the 1B, with room for 21, is confidently faster
+    peak = _memory_choice(32.0)
+    assert peak.reason is DraftReason.SWITCH_DRAFT and peak.candidate is SMALL_1B
+    assert peak.current is not None and "batch 15 (memory cap" in peak.current.message
+    one_b = next(s for s in peak.ranking if s.name == "1b")
+    assert "batch 21 (memory cap" in one_b.message and one_b.speedup_ci[0] > peak.current.speedup_ci[1]
+    # at the trough nothing waits: every draft runs all 8 sequences and the 8B's α wins
+    assert _memory_choice(8.0).reason is DraftReason.KEEP_NOT_TRIGGERED

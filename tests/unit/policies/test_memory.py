@@ -6,6 +6,7 @@ import pytest
 
 from policies.memory import (
     DraftFootprint,
+    KvCapacity,
     MemoryBudget,
     MemoryReason,
     check_memory,
@@ -110,3 +111,24 @@ def test_budget_bytes_and_min_concurrency() -> None:
         MemoryBudget(min_kv_concurrency=2)
     with pytest.raises(ValueError, match="cannot be negative"):
         MemoryBudget(budget_bytes=-1)
+
+
+# gpu_memory_bound's calibration: 70B FP8 (327 680 KV bytes per token), 65 GB of KV pool with no draft,
+# 8 192-token contexts; an 8B FP8 draft (8 GB, 131 072 B/token) and a 1B (2.5 GB, 32 768 B/token)
+DRAFT_8B = DraftFootprint("draft_model", 8_000_000_000, 131072)
+DRAFT_1B = DraftFootprint("draft_model", 2_500_000_000, 32768)
+
+
+def test_kv_capacity_caps_each_config_from_the_pool_the_engine_reports() -> None:
+    # the engine runs the 8B at K = 3: vLLM sized its pool after loading it
+    tokens = (65e9 - 8e9) / (327680 + 131072)
+    kv = KvCapacity(tokens, 327680, 8192, DRAFT_8B, 3)
+    assert kv.bytes == pytest.approx(65e9)
+    assert (kv.max_batch(None, 0), kv.max_batch(DRAFT_1B, 3), kv.max_batch(DRAFT_8B, 3)) == (24, 21, 15)
+    assert kv.max_batch(DraftFootprint("ngram"), 3) == 24  # no weights, no KV; its 3 lookahead slots fit
+    assert kv.max_batch(DraftFootprint("draft_model", 70_000_000_000, 0), 1) == 0  # weights alone overflow
+    # measured under the 1B instead: the same pool, so the same caps
+    under_1b = KvCapacity((65e9 - 2.5e9) / (327680 + 32768), 327680, 8192, DRAFT_1B, 3)
+    assert (under_1b.max_batch(None, 0), under_1b.max_batch(DRAFT_8B, 3)) == (24, 15)
+    with pytest.raises(ValueError, match="> 0"):
+        KvCapacity(0.0, 327680, 8192)

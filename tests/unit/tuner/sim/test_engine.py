@@ -11,6 +11,7 @@ import pytest
 
 from policies.acceptance import estimate_alpha
 from policies.counters import SpecCounters
+from policies.memory import DraftFootprint, KvCapacity
 from policies.speedup import expected_tokens_per_step
 from tuner.sim.engine import OFF, SimConfig, SimEngine
 from tuner.sim.scenario import ScenarioError, load_scenario, parse_scenario
@@ -184,3 +185,63 @@ def test_every_bench_scenario_is_valid(path: Path) -> None:
     assert tomllib.loads(path.read_text())["name"] == scenario.name
     start = SimConfig(scenario.start.draft, scenario.start.k)
     assert engine.start_problem(start) is None
+
+
+def base() -> dict[str, Any]:
+    return tomllib.loads((SCENARIOS / "gpu_memory_bound.toml").read_text())
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (lambda d: d["load"].update(concurrency=4), "do not apply to kind = 'diurnal'"),
+        (lambda d: d.update(change_at_s=90000), "is not before duration_s"),
+        (lambda d: d["drafts"].append({"name": "ng", "method": "ngram", "alpha": 0.3, "weights_bytes": 1e9}),
+         "loads no model"),
+        (lambda d: d["engine"].update(failing_configs=[{"k": [9]}]), "above controller.k_max"),
+        (lambda d: d["controller"].update(daemon={"policy": {"evidence_windw_s": 10}}), "evidence_windw_s"),
+    ],
+)  # fmt: skip
+def test_keys_that_do_not_apply_are_refused(change: Any, expected: str) -> None:
+    data = base()
+    change(data)
+    with pytest.raises(ScenarioError) as err:
+        parse_scenario(data, "x.toml")
+    assert expected in err.value.one_line()
+    assert "\n" not in err.value.one_line()
+
+
+def test_memory_caps_the_batch_and_long_contexts_cost_kv_reads() -> None:
+    data = base()
+    engine = SimEngine(parse_scenario(data))
+    caps = {c.label: engine.max_batch(c) for c in (OFF, SimConfig("llama-8b", 3), SimConfig("llama-1b", 3))}
+    assert caps == {"off": 24, "llama-8b/K=3": 15, "llama-1b/K=3": 21}  # the calibration in the file
+    data["engine"]["kv_read_s_per_token"] = 0.0
+    no_read = SimEngine(parse_scenario(data))
+    b = np.array([20.0])
+    extra = engine.step_time_s(OFF, b) - no_read.step_time_s(OFF, b)
+    assert extra[0] == pytest.approx(5.5e-8 * 8192 * 20)
+
+
+def test_the_engine_reports_its_kv_pool_and_usage_and_they_give_back_its_caps() -> None:
+    """What cache_config_info and kv_cache_usage_perc show under each config is enough for the controller's
+    KvCapacity to find the engine's own batch caps (24 without a draft, 21 with the 1B, 15 with the 8B)."""
+    engine = SimEngine(parse_scenario(base()))
+    footprints = {"llama-8b": DraftFootprint("draft_model", 8_000_000_000, 131072),
+                  "llama-1b": DraftFootprint("draft_model", 2_500_000_000, 32768)}  # fmt: skip
+    for cfg in (OFF, SimConfig("llama-8b", 3), SimConfig("llama-1b", 3)):
+        cache = engine.cache_config(cfg)
+        assert cache is not None
+        tokens = int(cache["num_gpu_blocks"]) * int(cache["block_size"])
+        (peak,) = engine.windows(cfg, np.array([43195.0]), np.array([43205.0]), np.random.default_rng(0))
+        assert peak.batch == engine.max_batch(cfg) and peak.waiting > 0 and peak.kv_usage is not None
+        per_seq = peak.kv_usage * tokens / peak.batch - cfg.k
+        assert per_seq == pytest.approx(8192, rel=2e-3)
+        running = None if cfg.off else footprints[str(cfg.draft)]
+        kv = KvCapacity(tokens, 327680, per_seq, running, cfg.k)
+        caps = (kv.max_batch(None, 0), kv.max_batch(footprints["llama-1b"], 3), kv.max_batch(footprints["llama-8b"], 3))
+        assert caps == (24, 21, 15)
+    assert engine_of().cache_config(OFF) is None  # no [engine.memory]: nothing to report
+    (window,) = engine_of().windows(OFF, np.array([0.0]), np.array([10.0]), np.random.default_rng(0))
+    assert window.kv_usage is None
+

@@ -12,10 +12,26 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+import tuner.controller.controller as controller_module
+from tests.fakes import make_context
 from tuner.cli.main import app
+from tuner.controller.context import DecisionContext
+from tuner.controller.policy import PolicyOutcome, PolicyReason
+from tuner.controller.settings import PolicySettings
+from tuner.sim.actuator import SimActuator, SimClock
 from tuner.sim.engine import SimEngine
-from tuner.sim.run import StoreFactory, run_scenario, simulate, start_config
+from tuner.sim.run import (
+    T0,
+    ControllerDriver,
+    PolicyRun,
+    StoreFactory,
+    daemon_config,
+    run_scenario,
+    simulate,
+    start_config,
+)
 from tuner.sim.scenario import Scenario, parse_scenario
+from tuner.store import Store
 
 SCENARIOS = Path(__file__).resolve().parents[4] / "bench" / "scenarios"
 
@@ -80,9 +96,17 @@ def test_degrading_draft_is_detected_within_two_minutes_at_10_requests_per_s() -
     assert 9.0 <= before <= 11.0  # requests/s before the draft goes bad
     with StoreFactory() as stores:
         run = simulate(scenario, engine, "spectuner", start, stores=stores)
+        # the restart sized a new KV pool: the engine's cache_config_info is the new draft's, not the start's
+        store = Store(f"sqlite:///{stores.dir / 'run-1.db'}")
+        try:
+            (stored,) = store.engines()
+        finally:
+            store.close()
     assert run.detection_s is not None and run.detection_s <= 120.0, run.detection_s
     assert run.change_detector_s is not None and run.change_detector_s <= 120.0
     assert run.changes >= 1 and run.timeline[-1][1].startswith("llama-1b/")  # and swapped to the draft that still works
+    final = run.configs[-1][1]
+    assert stored.cache_config == engine.cache_config(final) != engine.cache_config(start)
 
 
 def test_failing_candidate_is_rolled_back_and_not_retried() -> None:
@@ -131,6 +155,37 @@ def _to_toml(data: dict[str, Any], prefix: str = "") -> str:
         out += f"\n[[{name}]]\n" if many else f"\n[{name}]\n"
         out += _to_toml(table, prefix=f"{name}.")
     return out
+
+
+
+def test_spectuner_stepcost_re_pins_the_true_step_cost_of_the_draft_in_force(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a swap, [policy.step_cost] must be the new draft's T(B, K), not the start draft's; the
+    controller's default policy reads the settings in force at each decision."""
+    scenario = bench_scenario("gpu_degrading", duration_s=600, change_at_s=300, controller={"candidates": []})
+    engine = SimEngine(scenario)
+    start = start_config(scenario)
+    seen: list[PolicySettings] = []
+
+    def spy(ctx: DecisionContext, settings: PolicySettings) -> PolicyOutcome:
+        seen.append(settings)
+        return PolicyOutcome(PolicyReason.KEEP, "spy")
+
+    monkeypatch.setattr(controller_module, "propose", spy)  # our seam: what the default policy is given
+    with StoreFactory() as stores:
+        store = stores.new()
+        try:
+            clock = SimClock(T0)
+            run = PolicyRun("spectuner_stepcost", "controller", start.label)
+            config = daemon_config(scenario, engine, step_cost=True)
+            driver = ControllerDriver(store, SimActuator(engine, clock, start), config, clock, run, None)
+            assert driver.controller.settings.policy.pinned_step_cost == engine.cost[str(start.draft)]
+            assert engine.cost["llama-1b"] != engine.cost[str(start.draft)]
+            driver.pin_step_cost(engine.cost["llama-1b"])
+            spec = {"method": "draft_model", "model": "m", "num_speculative_tokens": 3}
+            driver.controller.policy(make_context(spec, []))
+        finally:
+            store.close()
+    assert [s.pinned_step_cost for s in seen] == [engine.cost["llama-1b"]]
 
 
 def _degrading_with_a_hopeful_candidate(shadow: dict[str, Any] | None) -> Scenario:

@@ -1,0 +1,120 @@
+"""How long regimes last on this engine, and how long the current one is expected to go on.
+
+Purely computational: ``observe(tracker, now, value) -> tracker``, ``remaining_s(tracker, now)``.
+
+A regime is a stretch in which a measured quantity (acceptance α̂ of the running draft, or the load:
+requests running plus waiting) stays within a band around its level: ``abs_band`` or ``rel_band`` × the
+level, whichever is wider. ``confirm`` observations in a row outside the band start a new regime at the
+first of them (one noisy tick does not), and the length of the regime that ended is kept.
+
+A change to the engine pays back only if the regime it answers lasts longer than its payback time
+(switching cost / gain). The expected remaining length of the current regime, at age a, is the median
+of L − a over the recorded regimes of the same direction (a fall is compared with past falls — dips —,
+a rise with past rises) that lasted longer than a (what the engine's own history says about regimes of
+that age); when none recorded lasted that long it is a itself (a regime that has lasted a is about as
+likely to last another a: Lindy). With fewer than ``min_history`` regimes of that direction recorded the
+history says nothing yet: the remaining length is unknown (infinite here; the caller's fixed horizon
+applies — Lindy on a young regime with no history would hold back every change, bursts' aftermath
+included, for its payback time). So once a few 3-minute dips are on record, a dip never repays a change
+that needs 10 minutes, while a sustained change is followed once its age exceeds the payback.
+
+A regime whose beginning was not observed — the first one (the traffic was there before the controller
+looked), or one the engine's own change began (:func:`restart`) — has no age to go by: its remaining
+length is unknown (infinite here; the caller's fixed horizon applies). Taking the time since the
+controller started as its age would block every change for the first payback time after a start.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, replace
+from datetime import datetime
+
+MAX_HISTORY = 64  # regime lengths kept (the newest)
+
+
+@dataclass(frozen=True)
+class RegimeTracker:
+    """One quantity's regimes. Start with ``RegimeTracker(abs_band, rel_band)``; a value, not a state
+    machine with hidden parts: each :func:`observe` returns the next one."""
+
+    abs_band: float
+    rel_band: float = 0.0
+    confirm: int = 2
+    min_history: int = 3
+    started: datetime | None = None
+    level: float | None = None  # mean of the observations of the current regime
+    count: int = 0
+    outside: tuple[tuple[datetime, float], ...] = ()  # consecutive observations outside the band
+    lengths_s: tuple[float, ...] = ()  # regimes that ended, oldest first
+    directions: tuple[int, ...] = ()  # aligned with lengths_s: +1 rose from its predecessor, −1 fell, 0 first
+    direction: int = 0  # the current regime's
+
+    def __post_init__(self) -> None:
+        if self.abs_band < 0 or self.rel_band < 0 or self.confirm < 1 or self.min_history < 1:
+            raise ValueError(
+                f"regime tracker: bands ≥ 0, confirm ≥ 1, min_history ≥ 1; got {self.abs_band}, "
+                f"{self.rel_band}, {self.confirm}, {self.min_history}"
+            )
+
+    def band(self) -> float:
+        return max(self.abs_band, self.rel_band * abs(self.level or 0.0))
+
+    def age_s(self, now: datetime) -> float:
+        return max((now - self.started).total_seconds(), 0.0) if self.started is not None else 0.0
+
+
+def observe(tracker: RegimeTracker, now: datetime, value: float | None) -> RegimeTracker:
+    """The tracker after one observation (None or not finite: nothing measured, nothing changes)."""
+    if value is None or not math.isfinite(value):
+        return tracker
+    if tracker.level is None or tracker.started is None:
+        return replace(tracker, started=now, level=value, count=1, outside=())
+    if abs(value - tracker.level) <= tracker.band():
+        n = tracker.count + 1
+        return replace(tracker, level=tracker.level + (value - tracker.level) / n, count=n, outside=())
+    outside = (*tracker.outside, (now, value))
+    if len(outside) < tracker.confirm:
+        return replace(tracker, outside=outside)
+    begun = outside[0][0]
+    ended = max((begun - tracker.started).total_seconds(), 0.0)
+    values = [v for _, v in outside]
+    level = sum(values) / len(values)
+    return replace(
+        tracker,
+        started=begun,
+        level=level,
+        count=len(values),
+        outside=(),
+        lengths_s=(*tracker.lengths_s, ended)[-MAX_HISTORY:],
+        directions=(*tracker.directions, tracker.direction)[-MAX_HISTORY:],
+        direction=1 if level > tracker.level else -1,
+    )
+
+
+def restart(tracker: RegimeTracker, now: datetime) -> RegimeTracker:
+    """A new regime that the engine's own change began (another draft is another α): nothing ended, so
+    no length is recorded; the history is kept."""
+    return replace(tracker, started=now, level=None, count=0, outside=(), direction=0)
+
+
+def remaining_s(tracker: RegimeTracker, now: datetime) -> float:
+    """Expected remaining length of the current regime (see the module doc), in seconds; ``math.inf``
+    when its beginning was not observed."""
+    if tracker.direction == 0:
+        return math.inf
+    age = tracker.age_s(now)
+    longer = [
+        length - age
+        for length, d in zip(tracker.lengths_s, tracker.directions, strict=True)
+        if length > age and d == tracker.direction
+    ]
+    if sum(1 for d in tracker.directions if d == tracker.direction) < tracker.min_history:
+        return math.inf  # too few regimes like this one recorded: the engine's history says nothing yet
+    if longer:
+        return float(statistics.median(longer))
+    return age
+
+
+__all__ = ["MAX_HISTORY", "RegimeTracker", "observe", "remaining_s", "restart"]
