@@ -39,9 +39,10 @@ def _free_port() -> int:
 class PostgresServer:
     """Start with :meth:`start`, stop with :meth:`stop` (or use as a context manager)."""
 
-    def __init__(self, *, bin_dir: str | None = None, fsync: bool = False) -> None:
+    def __init__(self, *, bin_dir: str | None = None, fsync: bool = False, max_connections: int = 50) -> None:
         self.bin_dir = Path(bin_dir or os.environ.get(BIN_DIR_ENV) or DEFAULT_BIN_DIR)
         self.fsync = fsync  # off for tests (speed); on for benchmarks (honest numbers)
+        self.max_connections = max_connections  # a fleet benchmark holds a few per simulated sidecar
         self.port = 0
         self.root: Path | None = None
         self._run_as: list[str] = []
@@ -83,7 +84,7 @@ class PostgresServer:
             self.port = _free_port()
             options = (
                 f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 "
-                f"-c fsync={'on' if self.fsync else 'off'} -c max_connections=50 "
+                f"-c fsync={'on' if self.fsync else 'off'} -c max_connections={self.max_connections} "
                 f"-c shared_buffers=64MB"
             )
             if not self.fsync:
@@ -159,6 +160,14 @@ class PostgresServer:
         if check and result.returncode != 0:
             raise PostgresUnavailable(f"{' '.join(cmd)} failed ({result.returncode}):\n{result.stdout}{result.stderr}")
         return result
+
+    def postmaster_pid(self) -> int | None:
+        """The server's main process id (its backends are its children), or None when stopped."""
+        if self.root is None:
+            return None
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            return int((self.root / "data" / "postmaster.pid").read_text().splitlines()[0])
+        return None
 
     def _log_tail(self) -> str:
         if self.root is None:
