@@ -8,7 +8,7 @@ STAMP := $(VENV)/.spectuner-installed
 MODELS := .lab/models
 PG_BIN := /usr/lib/postgresql/15/bin
 
-.PHONY: install system-deps models demo test lint bench bench-live clean
+.PHONY: install system-deps models demo test lint bench bench-live bench-fleet clean
 
 install: system-deps $(STAMP)
 
@@ -50,12 +50,17 @@ lint: $(STAMP)
 test: install models lint
 	$(PY) -m pytest -p no:cacheprovider --durations=15 tests
 
-# Every benchmark but the live closed-loop one (20–30 min of engine time): `make bench-live` runs that.
+# Every benchmark but the live closed-loop one (20–30 min of engine time, `make bench-live`) and the
+# 100-engine fleet store one (11 min, `make bench-fleet`).
 bench: install models
-	@for b in bench/bench_*.py; do [ "$$b" = bench/bench_live.py ] && continue; echo "== $$b"; $(PY) $$b || exit 1; done
+	@for b in bench/bench_*.py; do case "$$b" in bench/bench_live.py|bench/bench_fleet_store.py) continue;; esac; \
+		echo "== $$b"; $(PY) $$b || exit 1; done
 
 bench-live: install models
 	$(PY) bench/bench_live.py
+
+bench-fleet: install models
+	$(PY) bench/bench_fleet_store.py
 
 clean:
 	rm -rf $(VENV) .lab .pytest_cache .mypy_cache .ruff_cache
