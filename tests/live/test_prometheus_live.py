@@ -60,6 +60,12 @@ def _wait(what: str, check: Any, timeout_s: float, proc: subprocess.Popen[bytes]
     pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}\n{tail}")
 
 
+def _spawn(argv: list[str], log: Path, cwd: Path) -> subprocess.Popen[bytes]:
+    """A server process in its own session (stopped by group), its output in ``log``."""
+    with log.open("wb") as out:
+        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=cwd)
+
+
 def _stop(proc: subprocess.Popen[bytes]) -> None:
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGTERM)
@@ -186,14 +192,7 @@ def sidecar(lab_engine: LabServer, lab_models: Manifest, tmp_path: Path) -> Iter
     config = tmp_path / "spectuner.toml"
     _sidecar_config(config, lab_engine, lab_models, db_url, port)
     log = tmp_path / "sidecar.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tuner.cli.main", "run", "--config", str(config)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            cwd=tmp_path,
-        )
+    proc = _spawn([sys.executable, "-m", "tuner.cli.main", "run", "--config", str(config)], log, tmp_path)
     try:
         _wait(
             "the sidecar's exporter",
@@ -214,15 +213,9 @@ def tap(lab_engine: LabServer, sidecar: tuple[str, int], tmp_path: Path) -> Iter
     """`spectuner tap` in front of the engine, storing per-request records in the sidecar's database."""
     port = free_port()
     log = tmp_path / "tap.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tuner.cli.main", "tap", "--upstream", lab_engine.base_url,
-             "--listen", f"127.0.0.1:{port}", "--db", sidecar[0], "--metrics-url", lab_engine.metrics_url],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            cwd=tmp_path,
-        )
+    argv = [sys.executable, "-m", "tuner.cli.main", "tap", "--upstream", lab_engine.base_url,
+            "--listen", f"127.0.0.1:{port}", "--db", sidecar[0], "--metrics-url", lab_engine.metrics_url]
+    proc = _spawn(argv, log, tmp_path)
     url = f"http://127.0.0.1:{port}"
     try:
         _wait("the tap", lambda: httpx.get(f"{url}/v1/models", timeout=10).status_code == 200, 60, proc, log)
@@ -256,20 +249,14 @@ scrape_configs:
 """
     )
     log = tmp_path / "prometheus.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [
-                binary,
-                f"--config.file={config}",
-                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-                "--storage.tsdb.retention.time=1h",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            cwd=tmp_path,
-        )
+    argv = [
+        binary,
+        f"--config.file={config}",
+        f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        "--storage.tsdb.retention.time=1h",
+    ]
+    proc = _spawn(argv, log, tmp_path)
     base = f"http://127.0.0.1:{port}"
     try:
         _wait("Prometheus to be ready", lambda: httpx.get(f"{base}/-/ready").status_code == 200, 30, proc, log)
