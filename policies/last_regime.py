@@ -76,20 +76,29 @@ def _best_split(s: np.ndarray, t: np.ndarray, false_rate: float) -> int | None:
 
 def last_regime(windows: Sequence[AcceptanceEvidence], false_rate: float = FALSE_RATE) -> LastRegime:
     """The current regime of a time-ordered run of per-window evidence (windows without trials skipped)."""
-    kept = [w for w in windows if w.trials > 0]
-    s = np.array([w.successes for w in kept], dtype=float)
-    t = np.array([w.trials for w in kept], dtype=float)
+    return last_regime_of_arrays(evidence_array(windows), false_rate)
+
+
+def evidence_array(windows: Sequence[AcceptanceEvidence]) -> np.ndarray:
+    """Per-window evidence as rows (successes, failures, drafts): what :func:`last_regime_of_arrays` reads."""
+    return np.array([(w.successes, w.failures, w.drafts) for w in windows], dtype=float).reshape(-1, 3)
+
+
+def last_regime_of_arrays(rows: np.ndarray, false_rate: float = FALSE_RATE) -> LastRegime:
+    """:func:`last_regime` on rows of (successes, failures, drafts), one per window in time order."""
+    kept = rows[rows[:, 0] + rows[:, 1] > 0]
+    s = kept[:, 0]
+    t = kept[:, 0] + kept[:, 1]
     start = cuts = 0
     while (split := _best_split(s[start:], t[start:], false_rate)) is not None:
         start += split
         cuts += 1
-    tail = AcceptanceEvidence()
-    for w in kept[start:]:
-        tail = tail + w
-    q = np.divide(s[start:] ** 2, t[start:], out=np.zeros(len(s) - start), where=t[start:] > 0)
+    total = kept[start:].sum(axis=0)
+    tail = AcceptanceEvidence(float(total[0]), float(total[1]), float(total[2]))
     m = len(s) - start
     phi = 1.0
     if m >= MIN_WINDOWS and tail.trials > 0:
-        x2 = float(_pearson(np.array([tail.successes]), np.array([tail.trials]), np.array([q.sum()]))[0])
+        q = float((s[start:] ** 2 / t[start:]).sum())
+        x2 = float(_pearson(np.array([tail.successes]), np.array([tail.trials]), np.array([q]))[0])
         phi = max(1.0, x2 / (m - 1))
     return LastRegime(start, tail.scaled(1.0 / phi), phi, cuts)

@@ -8,11 +8,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+import numpy as np
+
 from collectors.records import EngineKey, WindowRecord
 from policies.acceptance import AcceptanceEvidence, effective_counters, evidence_from_counters
 from policies.counters import SpecCounters
 from policies.draft_choice import DraftCandidate, SpecWindow
-from policies.last_regime import last_regime
+from policies.last_regime import evidence_array, last_regime_of_arrays
 from policies.spec_config import SpecConfig
 from tuner.store import Store, StoredConfig
 
@@ -110,16 +112,16 @@ def spec_windows(
 
 @dataclass(frozen=True)
 class PeriodEvidence:
-    """α evidence of some windows, one entry per window in time order."""
+    """α evidence of some windows: rows (successes, failures, drafts), one per window in time order."""
 
-    windows: tuple[AcceptanceEvidence, ...] = ()
+    rows: np.ndarray = field(default_factory=lambda: np.zeros((0, 3)))
 
     def __add__(self, other: PeriodEvidence) -> PeriodEvidence:
-        return PeriodEvidence(self.windows + other.windows)
+        return PeriodEvidence(np.concatenate((self.rows, other.rows)))
 
     @property
     def trials(self) -> float:
-        return sum(w.trials for w in self.windows)
+        return float(self.rows[:, 0].sum() + self.rows[:, 1].sum())
 
 
 @dataclass
@@ -166,7 +168,7 @@ def measured_history(
             continue
         for c in owners:
             pooled[c.name] = pooled[c.name] + total if c.name in pooled else total
-    return {name: last_regime(p.windows).evidence for name, p in pooled.items()}
+    return {name: last_regime_of_arrays(p.rows).evidence for name, p in pooled.items()}
 
 
 def evidence_before_end(
@@ -176,10 +178,8 @@ def evidence_before_end(
     end = stored.config.ended_at
     if end is None:
         return AcceptanceEvidence()
-    total = AcceptanceEvidence()
-    for w in _period_evidence(store, keys, stored, end - timedelta(seconds=seconds), end).windows:
-        total = total + w
-    return total
+    total = _period_evidence(store, keys, stored, end - timedelta(seconds=seconds), end).rows.sum(axis=0)
+    return AcceptanceEvidence(float(total[0]), float(total[1]), float(total[2]))
 
 
 def _cached_period_evidence(
@@ -215,4 +215,4 @@ def _period_evidence(
         result = evidence_from_counters(counters)
         if result.evidence is not None:
             out.append(result.evidence)
-    return PeriodEvidence(tuple(out))
+    return PeriodEvidence(evidence_array(out))
