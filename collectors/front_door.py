@@ -11,6 +11,9 @@ actuator changing the engine drives the door through the tap's control endpoint
 - ``release``: optionally set the upstreams, then send the held requests to them, oldest first;
 - ``set_upstreams``: switch atomically (blue/green, rolling): new requests go to the new set, requests
   in flight on a removed upstream finish there;
+- ``remove_upstream`` / ``add_upstream``: take one replica out of rotation and put it back, leaving the
+  others as they are (one sidecar per replica edits only its own: two sidecars' full ``set_upstreams``
+  would overwrite each other). Removing the last upstream is refused: then a hold is the way;
 - ``state``: the door's state and the current period's client impact.
 
 A request is never sent twice: held requests have reached no engine, and nothing that reached one
@@ -179,6 +182,19 @@ class FrontDoor:
         if self.upstreams and not self.holding and len(self.queue):
             self.release(None)
 
+    def remove_upstream(self, upstream: str) -> None:
+        upstream = upstream.rstrip("/")
+        if upstream not in self.upstreams:
+            return
+        if self.upstreams == [upstream]:
+            raise ControlError(f"{upstream} is the only upstream in rotation; removing it would leave none (hold instead)")
+        self.upstreams = [u for u in self.upstreams if u != upstream]
+
+    def add_upstream(self, upstream: str) -> None:
+        upstream = upstream.rstrip("/")
+        if upstream not in self.upstreams:
+            self.set_upstreams([*self.upstreams, upstream])
+
     async def drain(self, upstream: str, timeout_s: float) -> tuple[float, int]:
         """Wait until ``upstream`` has nothing in flight (at most ``timeout_s``): (seconds, left)."""
         upstream = upstream.rstrip("/")
@@ -230,15 +246,25 @@ class FrontDoor:
             upstreams = _upstreams(request, required=True)
             assert upstreams is not None
             self.set_upstreams(upstreams)
+        elif op in ("remove_upstream", "add_upstream"):
+            upstream = _upstream(request, op)
+            (self.remove_upstream if op == "remove_upstream" else self.add_upstream)(upstream)
         elif op == "drain":
-            upstream = request.get("upstream")
-            if not isinstance(upstream, str) or not upstream:
-                raise ControlError("drain needs 'upstream': the URL to drain")
+            upstream = _upstream(request, op)
             drain_s, left = await self.drain(upstream, _positive(request, "timeout_s", 30.0))
             answer = {"drain_s": drain_s, "left": left}
         elif op != "state":
-            raise ControlError(f"unknown op {op!r}; one of hold, release, set_upstreams, drain, state")
+            raise ControlError(
+                f"unknown op {op!r}; one of hold, release, set_upstreams, remove_upstream, add_upstream, drain, state"
+            )
         return {**answer, **self.state()}
+
+
+def _upstream(request: dict[str, Any], op: str) -> str:
+    upstream = request.get("upstream")
+    if not isinstance(upstream, str) or not upstream.startswith("http"):
+        raise ControlError(f"{op} needs 'upstream': an http(s) URL")
+    return upstream
 
 
 def _positive(request: dict[str, Any], key: str, default: float) -> float:

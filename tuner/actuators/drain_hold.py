@@ -5,6 +5,11 @@ engine finish (bounded by ``drain_timeout_s``), the engine restarts with the new
 answers ``/v1/models``, the held requests go to it, oldest first. If the new config does not come
 up, the last good one is started again and the held requests go to that. Nothing that reached the
 old engine is sent again; a request held past ``max_hold_s`` gets a 503 with ``Retry-After``.
+
+Out of rotation instead of a hold: when the door also sends to other replicas (one sidecar per replica
+behind a shared router), this engine is taken out of rotation, drained, restarted and put back once it
+answers; new requests go to the other replicas meanwhile and nobody waits. An engine that is not
+serving after the apply (it did not come up, nor did the last good config) stays out of rotation.
 """
 
 from __future__ import annotations
@@ -76,6 +81,9 @@ class DrainHoldActuator(RestartActuator):
             unchanged = self._in_force(config)
             if unchanged:
                 return unchanged
+            others = self._other_replicas()
+            if others:
+                return self._apply_out_of_rotation(config, others)
             try:
                 self.door.hold(self.lease_s())
             except FrontDoorError as exc:
@@ -97,11 +105,59 @@ class DrainHoldActuator(RestartActuator):
             log.info("drain-and-hold: %s in %.1f s; %s", result.status.value, time.monotonic() - t0, impact)
             return dataclasses.replace(result, impact=impact)
 
+    def _other_replicas(self) -> list[str]:
+        """The door's other upstreams in rotation (none, or the door unreachable: the hold path)."""
+        try:
+            upstreams = self.door.state().get("upstreams", [])
+        except FrontDoorError:
+            return []
+        mine = self.engine_url
+        return [u for u in upstreams if isinstance(u, str) and u.rstrip("/") != mine]
+
+    def _apply_out_of_rotation(self, config: VllmSpec, others: list[str]) -> ApplyResult:
+        try:
+            self.door.remove_upstream(self.engine_url, new_period=True)
+        except FrontDoorError as exc:
+            status = ApplyStatus.FAILED if self.current is None else ApplyStatus.ROLLED_BACK
+            return ApplyResult(
+                status, f"not applied: could not take {self.engine_url} out of rotation ({exc})", self.current, 0.0
+            )
+        t0 = time.monotonic()
+        drain_s: float | None = None
+        try:
+            drain_s = float(self.door.drain(self.engine_url, self.drain_timeout_s)["drain_s"])
+        except FrontDoorError as exc:
+            log.error("out of rotation: drain through the front door failed (%s); restarting anyway", exc)
+        result = self._replace(config)
+        serving = result.status in (ApplyStatus.APPLIED, ApplyStatus.ROLLED_BACK) and self.current is not None
+        state: dict[str, Any] = {}
+        note = ""
+        if serving:
+            try:
+                state = self.door.add_upstream(self.engine_url)
+            except FrontDoorError as exc:
+                note = (
+                    f" It could not be put back in rotation ({exc}): add it with the tap's control endpoint "
+                    "(op add_upstream) once the tap answers."
+                )
+        else:
+            note = f" {self.engine_url} stays out of rotation: {', '.join(others)} serve meanwhile."
+            try:
+                state = self.door.state()
+            except FrontDoorError:
+                state = {}
+        impact = dataclasses.replace(impact_from("out_of_rotation", state, drain_s, None), requests_held=0)
+        self.last_impact = impact
+        log.info("out of rotation: %s in %.1f s; %s", result.status.value, time.monotonic() - t0, impact)
+        return dataclasses.replace(result, message=result.message + note, impact=impact)
+
     def ensure_running(self) -> ApplyResult | None:
         """A dead engine is restarted with new arrivals held meanwhile, as for an apply."""
         with self._lock:
             if self.process is not None and self.process.alive():
                 return None
+            if self._other_replicas():
+                return self._restart_out_of_rotation()
             try:
                 self.door.hold(self.lease_s())
             except FrontDoorError as exc:
@@ -111,6 +167,20 @@ class DrainHoldActuator(RestartActuator):
                 return super().ensure_running()
             finally:
                 self._release()
+
+    def _restart_out_of_rotation(self) -> ApplyResult | None:
+        """A dead replica leaves the rotation (its requests would fail) until it answers again."""
+        try:
+            self.door.remove_upstream(self.engine_url)
+        except FrontDoorError as exc:
+            log.error("out of rotation: could not take the dead engine out of rotation (%s)", exc)
+        result = super().ensure_running()
+        if self.healthy():
+            try:
+                self.door.add_upstream(self.engine_url)
+            except FrontDoorError as exc:
+                log.error("out of rotation: could not put %s back in rotation (%s)", self.engine_url, exc)
+        return result
 
     def _release(self) -> dict[str, Any]:
         try:

@@ -67,6 +67,12 @@ class FrontDoorClient:
     def set_upstreams(self, upstreams: list[str], *, new_period: bool = False) -> dict[str, Any]:
         return self._call({"op": "set_upstreams", "upstreams": upstreams, "new_period": new_period})
 
+    def remove_upstream(self, upstream: str, *, new_period: bool = False) -> dict[str, Any]:
+        return self._call({"op": "remove_upstream", "upstream": upstream, "new_period": new_period})
+
+    def add_upstream(self, upstream: str) -> dict[str, Any]:
+        return self._call({"op": "add_upstream", "upstream": upstream})
+
     def drain(self, upstream: str, timeout_s: float) -> dict[str, Any]:
         return self._call({"op": "drain", "upstream": upstream, "timeout_s": timeout_s}, timeout_s + self.timeout_s)
 
