@@ -410,6 +410,37 @@ class ControllerSection(_Section):
     regression_tolerance: float = Field(default=0.05, ge=0, lt=1, description="realized loss tolerated")
 
 
+CanaryMetric = Literal["goodput", "ttft_p99", "tpot_p99", "error_rate"]
+_CANARY_METRICS: tuple[CanaryMetric, ...] = ("goodput", "ttft_p99", "tpot_p99", "error_rate")
+
+
+class CanarySection(_Section):
+    """Canary verification (docs/fleet.md): replicas behind one router, one sidecar each, one shared store.
+    A change goes to one replica first and is judged against the untouched ones over the same minutes;
+    promoted to them, or rolled back on the canary alone. Without an untouched replica in the store, a
+    change is verified before/after as usual."""
+
+    enabled: bool = False
+    max_s: float = Field(default=900.0, gt=0, description="longest a canary runs; still undecided then: rolled back")
+    warmup_s: float = Field(default=30.0, ge=0, description="canary windows this soon after the apply are not judged")
+    min_samples: int = Field(default=5, ge=2, description="windows needed on each side, per metric")
+    bucket_s: float = Field(
+        default=60.0, ge=0, description="same-time levelling buckets (needs 2 untouched replicas; 0: raw samples)"
+    )
+    peer_stale_s: float = Field(default=120.0, gt=0, description="a replica with no window this recent is no baseline")
+    confidence: float = Field(default=0.95, gt=0.5, lt=1.0, description="of each metric's effect interval")
+    significance: float = Field(default=0.05, gt=0, lt=0.5, description="of each metric's Mann–Whitney U test")
+    pass_score: float = Field(default=0.75, ge=0, le=1, description="share of metrics passing needed to promote")
+    metrics: list[CanaryMetric] = Field(
+        default_factory=lambda: list(_CANARY_METRICS),
+        min_length=1,
+        description="judged metrics, all critical; one with no data on either side is left out and said so",
+    )
+    goodput_tolerance_rel: float = Field(default=0.02, ge=0, lt=1, description="goodput loss allowed (share)")
+    latency_tolerance_rel: float = Field(default=0.10, ge=0, description="TTFT/TPOT p99 rise allowed (share)")
+    error_rate_tolerance: float = Field(default=0.001, ge=0, le=1, description="error-rate rise allowed (absolute)")
+
+
 class DatabaseSection(_Section):
     url: str | None = None
 
@@ -421,6 +452,7 @@ class SpectunerConfig(_Section):
     policy: PolicySection = Field(default_factory=PolicySection)
     guardrails: GuardrailsSection = Field(default_factory=GuardrailsSection)
     controller: ControllerSection = Field(default_factory=ControllerSection)
+    canary: CanarySection = Field(default_factory=CanarySection)
     database: DatabaseSection = Field(default_factory=DatabaseSection)
     plugin: PluginSection = Field(default_factory=PluginSection)
     exporters: ExportersSection = Field(default_factory=ExportersSection)

@@ -143,6 +143,12 @@ def apply(
     ),
     engine: str | None = typer.Option(None, "--engine", help="The vLLM server (when the database holds several)."),
     k_max: int | None = typer.Option(None, "--k-max", help="Largest K allowed (default: policy.k_max of --config)."),
+    canary: bool = typer.Option(
+        False,
+        "--canary",
+        help="Apply it to this replica first and judge it against the untouched replicas that share the database "
+        "([canary] in the sidecar's config); promote it to them or roll it back.",
+    ),
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
     by: str | None = typer.Option(None, "--by", help=BY_HELP),
     db: str | None = typer.Option(None, "--db", help=DB_HELP),
@@ -174,7 +180,7 @@ def apply(
             warnings = _warnings(store, key, previous, proposed)
             _show(key, previous, proposed, warnings, as_json, describe_config)
             confirm_or_exit("Write this override to the audit log for the controller to apply?", yes)
-            audit_id = _write(store, proposed, key, who)
+            audit_id = _write(store, proposed, key, who, canary)
             row = store.decision(audit_id)
     except SQLAlchemyError as exc:
         fail_runtime(f"cannot use the database {store!r}: {db_error_detail(exc)}")
@@ -188,20 +194,21 @@ def apply(
         "previous_config": previous,
         "config": proposed,
         "warnings": warnings,
+        "canary": canary,
     }
     if as_json:
         print_json(result)
         return
     say(
         f"wrote override (audit id {audit_id}) by {who} at {result['created_at']}: {describe_config(proposed)}; "
-        "the controller applies it on its next tick"
+        "the controller applies it on its next tick" + (" as a canary" if canary else "")
     )
 
 
-def _write(store: Any, proposed: dict[str, Any], key: Any, who: str) -> int:
+def _write(store: Any, proposed: dict[str, Any], key: Any, who: str, canary: bool) -> int:
     from tuner.controller import manual
 
-    audit_id: int = manual.request_override(store, datetime.now(UTC), proposed, engine=key, by=who)
+    audit_id: int = manual.request_override(store, datetime.now(UTC), proposed, engine=key, by=who, canary=canary)
     return audit_id
 
 

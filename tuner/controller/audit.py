@@ -19,7 +19,15 @@ from tuner.store import AppliedBy, EngineConfigRecord, Store
 CHANGE = "change"  # a decision's action when the controller itself proposes a config
 # Config periods that count as changes for the cooldown and the changes-per-hour rail.
 CHANGE_SOURCES = frozenset(
-    {AppliedBy.RESTART, AppliedBy.LIVE, AppliedBy.COMMAND, AppliedBy.WEBHOOK, AppliedBy.MANUAL, AppliedBy.ROLLBACK}
+    {
+        AppliedBy.RESTART,
+        AppliedBy.LIVE,
+        AppliedBy.COMMAND,
+        AppliedBy.WEBHOOK,
+        AppliedBy.MANUAL,
+        AppliedBy.ROLLBACK,
+        AppliedBy.PROMOTED,
+    }
 )
 
 
@@ -42,11 +50,15 @@ def write_event(
     message: str,
     decision_id: int | None,
     result: ApplyResult | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> None:
-    """One event row, carrying what the actuator reported of the apply (``ApplyResult.event_data``)."""
+    """One event row, carrying what the actuator reported of the apply (``ApplyResult.event_data``) and
+    ``extra`` (e.g. a canary's verdict)."""
     data: dict[str, Any] = {"decision_id": decision_id}
     if result is not None:
         data.update(result.event_data())
+    if extra is not None:
+        data.update(extra)
     store.write_events(
         [EventRecord(ts=ts, kind=kind, message=message, severity=severity, engine=keys[0] if keys else None, data=data)]
     )

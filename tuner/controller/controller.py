@@ -24,6 +24,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 
 from collectors.records import EngineKey
+from policies.canary import CanaryDecision
 from policies.draft_choice import DraftCandidate
 from policies.memory import check_memory
 from policies.spec_config import SpecConfig
@@ -31,6 +32,8 @@ from tuner.actuators.base import Actuator
 from tuner.controller import manual
 from tuner.controller.apply import apply_config, in_force, roll_back
 from tuner.controller.audit import CHANGE, CHANGE_SOURCES, TickResult, record_configs, write_event
+from tuner.controller.canary import CANARY, CanaryPlan, canaries_in_flight, contested, find_peers, plan_of, promote
+from tuner.controller.canary import judge as judge_canary_here
 from tuner.controller.candidates import current_candidate
 from tuner.controller.context import ControllerMemory, DecisionContext, DecisionInputs, build_context
 from tuner.controller.evidence import summarize, window_batches, windows_under
@@ -48,6 +51,8 @@ Clock = Callable[[], datetime]
 Policy = Callable[[DecisionContext], PolicyOutcome]
 Candidates = Callable[[], Sequence[DraftCandidate]]
 
+# Applied decisions that are verified after their window (a promotion: its canary judged it)
+VERIFIED_ACTIONS = (CHANGE, manual.OVERRIDE, manual.PROMOTE)
 SUPERSEDED = "superseded"  # an override replaced by a newer one before it was applied
 REJECTED = "rejected"  # an override the daemon's own config refuses (K range, unknown draft, memory budget)
 
@@ -146,14 +151,22 @@ class Controller:
                 for c in self.store.configs(keys[0], since=now - look_back, until=now + timedelta(microseconds=1))
                 if c.config.applied_by in CHANGE_SOURCES
             ]
-        in_flight = self.store.decisions(status=(DecisionStatus.APPLIED, DecisionStatus.APPLYING))
+        in_flight = [
+            d for d in self.store.decisions(status=(DecisionStatus.APPLIED, DecisionStatus.APPLYING)) if _mine(d, keys)
+        ]
         pending = any(
-            d.status == DecisionStatus.APPLYING or d.decision.action in (CHANGE, manual.OVERRIDE) for d in in_flight
+            d.status == DecisionStatus.APPLYING or d.decision.action in VERIFIED_ACTIONS for d in in_flight
         )
+        elsewhere = canaries_in_flight(self.store, keys[0].model_name, exclude=keys) if keys else []
         target, count = self.memory.streak
         return ControllerState(
             paused=bool(manual.active_pauses(self.store)),
             pending_verification=pending,
+            canary_elsewhere=(
+                f"A canary of this target runs on {elsewhere[0].decision.engine.url} (decision {elsewhere[0].id})"
+                if elsewhere and elsewhere[0].decision.engine is not None
+                else None
+            ),
             change_times=tuple(change_times),
             streak_target=target,
             streak_count=count,
@@ -191,11 +204,14 @@ class Controller:
 
         override = self._override(keys, now)
         if override is not None:
-            if state.paused or state.pending_verification:
-                return TickResult("blocked", "override_waiting", "A manual override waits for resume or verification.")
-            order_id, target = override
+            if state.paused or state.pending_verification or state.canary_elsewhere:
+                why = f" ({state.canary_elsewhere})" if state.canary_elsewhere else ""
+                return TickResult(
+                    "blocked", "override_waiting", f"A manual override waits for resume or verification{why}."
+                )
+            order, target = override
             self.memory = replace(self.memory, last_recorded=None)
-            return apply_config(self.store, self.actuator, self.clock, order_id, target, now, keys, AppliedBy.MANUAL)
+            return self._apply_order(order, target, keys, current, now)
 
         outcome = self.policy(ctx)
         if outcome.acceptance_low:
@@ -236,14 +252,20 @@ class Controller:
         return self._apply_change(ctx, outcome, inputs)
 
     def _apply_change(self, ctx: DecisionContext, outcome: PolicyOutcome, inputs: dict[str, object]) -> TickResult:
-        """Auto mode, every rail passed: audit the change as ``applying``, then apply it."""
+        """Auto mode, every rail passed: audit the change as ``applying``, then apply it (as a canary when
+        untouched replicas share the store and ``[canary]`` is enabled)."""
         assert outcome.target is not None
+        plan = self._canary_plan(ctx.keys, ctx.current, ctx.now)
+        message = outcome.message
+        if plan is not None:
+            inputs = {**inputs, CANARY: plan.to_json()}
+            message += f" Applied as a canary: {len(plan.peers)} untouched replica(s) are its baseline."
         decision_id = self.store.record_decision(
             DecisionRecord(
                 created_at=ctx.now,
                 action=CHANGE,
                 reason=outcome.reason.value,
-                message=outcome.message,
+                message=message,
                 inputs=dict(inputs),
                 mode="auto",
                 engine=ctx.keys[0],
@@ -253,11 +275,53 @@ class Controller:
             )
         )
         self.memory = replace(self.memory, streak=(None, 0), last_recorded=None)
+        if plan is not None and (other := self._step_back(ctx.keys, decision_id, ctx.now)) is not None:
+            return other
         return apply_config(
             self.store, self.actuator, self.clock, decision_id, outcome.target, ctx.now, ctx.keys, self.actuator.kind
         )
 
-    def _override(self, keys: Sequence[EngineKey], now: datetime) -> tuple[int, SpecConfig] | None:
+    # -- canary ------------------------------------------------------------------------------------
+    def _canary_plan(self, keys: Sequence[EngineKey], current: SpecConfig, now: datetime) -> CanaryPlan | None:
+        if not self.settings.canary.enabled:
+            return None
+        peers = find_peers(self.store, keys, current, now, self.settings.canary)
+        return CanaryPlan(peers, current) if peers else None
+
+    def _step_back(self, keys: Sequence[EngineKey], decision_id: int, now: datetime) -> TickResult | None:
+        """Another replica recorded a canary at the same moment: both step back (never two at once)."""
+        other = contested(self.store, keys, decision_id)
+        if other is None:
+            return None
+        why = (
+            f"Not applied: replica {other.decision.engine.url if other.decision.engine else '?'} started a canary "
+            f"(decision {other.id}) at the same moment; one canary at a time, tried again on a later tick."
+        )
+        self.store.update_decision(decision_id, status=DecisionStatus.BLOCKED, at=now, status_message=why)
+        return TickResult("blocked", "canary_contested", why, decision_id)
+
+    def _apply_order(
+        self, order: StoredDecision, target: SpecConfig, keys: Sequence[EngineKey], current: StoredConfig, now: datetime
+    ) -> TickResult:
+        """An operator's override (as a canary when asked and untouched replicas exist), or a promotion."""
+        if order.decision.action == manual.PROMOTE:
+            return apply_config(self.store, self.actuator, self.clock, order.id, target, now, keys, AppliedBy.PROMOTED)
+        if order.decision.inputs.get(CANARY) is True:
+            plan = self._canary_plan(keys, current.config.spec, now)
+            if plan is not None:
+                self.store.update_decision(
+                    order.id, status=order.status, at=now, inputs={**order.decision.inputs, CANARY: plan.to_json()},
+                    status_message=f"Applied as a canary: {len(plan.peers)} untouched replica(s) are its baseline.",
+                )  # fmt: skip
+            else:
+                why = (
+                    f"Override {order.id} was asked as a canary, but no untouched replica of this target shares the "
+                    "store ([canary] disabled, or none runs this config now): applied as a plain override."
+                )
+                write_event(self.store, now, keys, "canary_unavailable", "warning", why, order.id)
+        return apply_config(self.store, self.actuator, self.clock, order.id, target, now, keys, AppliedBy.MANUAL)
+
+    def _override(self, keys: Sequence[EngineKey], now: datetime) -> tuple[StoredDecision, SpecConfig] | None:
         """The operator's override to apply: the newest pending one for this server (an override names its
         engine series when the database holds several servers). Older pending ones are closed as
         superseded, so overrides queued while no engine was seen are applied at most once, the newest."""
@@ -293,7 +357,7 @@ class Controller:
             )
             log.warning("controller %s: override %d %s", self.settings.metrics_url, newest.id, problem)
             return None
-        return newest.id, target
+        return newest, target
 
     def _record_once(
         self, ctx: DecisionContext, outcome: PolicyOutcome, inputs: dict[str, object], status: str, reason: str,
@@ -340,15 +404,30 @@ class Controller:
 
     # -- verify ------------------------------------------------------------------------------------
     def _due(self, now: datetime) -> list[StoredDecision]:
+        """This server's applied changes whose evaluation window passed; a canary's after its warm-up (it
+        is judged on every tick until decided)."""
+        keys = self.engine_keys()
         window = timedelta(seconds=self.settings.controller.verify_window_s)
+        warmup = timedelta(seconds=self.settings.canary.warmup_s)
         return [
             d
             for d in self.store.decisions(status=DecisionStatus.APPLIED)
-            if d.decision.action in (CHANGE, manual.OVERRIDE) and now >= d.updated_at + window
+            if d.decision.action in VERIFIED_ACTIONS
+            and _mine(d, keys)
+            and now >= d.updated_at + (warmup if plan_of(d) is not None else window)
         ]
 
     def _verify_one(self, d: StoredDecision, now: datetime) -> TickResult:
         keys = self.engine_keys()
+        if d.decision.action == manual.PROMOTE:
+            message = f"Promoted after canary decision {d.decision.inputs.get('canary_decision')} passed; kept."
+            self.store.update_decision(d.id, status=DecisionStatus.VERIFIED, at=now, status_message=message)
+            return TickResult("verified", "promoted", message, d.id)
+        plan = plan_of(d)
+        if plan is not None:
+            judged = self._verify_canary(d, plan, keys, now)
+            if judged is not None:
+                return judged
         applied_at = d.updated_at
         after = windows_under(self.store, keys, applied_at, applied_at, now + timedelta(microseconds=1))
         inputs = DecisionInputs.from_json(d.decision.inputs)
@@ -376,6 +455,39 @@ class Controller:
             d.id, status=DecisionStatus.VERIFIED, at=now, realized_gain=verdict.realized_gain, status_message=message
         )
         return TickResult("verified", verdict.reason.value, message, d.id)
+
+    def _verify_canary(
+        self, d: StoredDecision, plan: CanaryPlan, keys: Sequence[EngineKey], now: datetime
+    ) -> TickResult | None:
+        """Promote, roll back or wait; None when no untouched replica is left (then before/after)."""
+        judgement = judge_canary_here(self.store, d, plan, keys, now, self.settings.canary)
+        if judgement is None:
+            log.warning("controller %s: canary %d has no untouched replica left; verified before/after", keys, d.id)
+            return None
+        message = judgement.message()
+        decision = judgement.verdict.decision
+        if decision is CanaryDecision.UNDECIDED:
+            return TickResult("hold", "canary_undecided", message, d.id)
+        target = d.decision.proposed
+        if decision is CanaryDecision.ROLLBACK or target is None:
+            write_event(
+                self.store, now, keys, "canary_rolled_back", "warning", message, d.id, extra=judgement.to_json()
+            )
+            return roll_back(
+                self.store, self.actuator, self.clock, d.id, plan.previous, message, judgement.goodput_ratio, now, keys
+            )
+        orders = promote(self.store, d, judgement, target, now)
+        message += f" Promotion orders {', '.join(map(str, orders))} written for the untouched replica(s)."
+        self.store.update_decision(
+            d.id, status=DecisionStatus.VERIFIED, at=now, realized_gain=judgement.goodput_ratio, status_message=message
+        )
+        write_event(self.store, now, keys, "canary_promoted", "info", message, d.id, extra=judgement.to_json())
+        return TickResult("verified", "canary_promoted", message, d.id)
+
+
+def _mine(d: StoredDecision, keys: Sequence[EngineKey]) -> bool:
+    """A decision of this server (or one naming no engine: an override in a one-server store)."""
+    return d.decision.engine is None or d.decision.engine in keys
 
 
 __all__ = ["REJECTED", "SUPERSEDED", "Controller", "ControllerSettings", "TickResult"]

@@ -23,6 +23,7 @@ from tuner.config import GuardrailsSection, MaintenanceWindow
 class BlockReason(StrEnum):
     PAUSED = "paused"
     PENDING_VERIFICATION = "pending_verification"
+    CANARY_ELSEWHERE = "canary_elsewhere"
     KNOWN_BAD = "known_bad"
     INSUFFICIENT_EVIDENCE = "insufficient_evidence"
     GAIN_TOO_SMALL = "gain_too_small"
@@ -45,6 +46,7 @@ class ControllerState:
 
     paused: bool = False
     pending_verification: bool = False
+    canary_elsewhere: str | None = None  # another replica's canary in flight (this one is its baseline)
     change_times: tuple[datetime, ...] = ()  # when configs we applied took effect, any order
     streak_target: str | None = None  # the last proposal's target (a config fingerprint)
     streak_count: int = 0  # how many decisions in a row proposed it, before this one
@@ -91,6 +93,11 @@ def check_pending(s: GuardrailsSection, st: ControllerState, p: Proposal, now: d
         return Block(
             BlockReason.PENDING_VERIFICATION,
             "The previous change is still in its evaluation window; no new change until it is verified.",
+        )
+    if st.canary_elsewhere is not None:
+        return Block(
+            BlockReason.CANARY_ELSEWHERE,
+            f"{st.canary_elsewhere}; this replica is its untouched baseline and changes nothing until it is judged.",
         )
     return None
 

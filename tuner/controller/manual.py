@@ -6,7 +6,11 @@ They are decision rows, so they are part of the audit log and never pruned:
 - resume: action ``resume``, status ``applied``; lifts every pause in force.
 - override: action ``override`` with ``proposed_config``, status ``proposed`` until the controller
   applies it (then ``applied``/``rolled_back``/``failed`` like any change). Overrides bypass the
-  evidence and gain rails (an operator decided) but not a pause or a pending apply.
+  evidence and gain rails (an operator decided) but not a pause or a pending apply. With
+  ``inputs.canary`` true (``spectuner apply --canary``) it runs as a canary when untouched replicas
+  share the store (``tuner.controller.canary``): judged against them, rolled back if it fails.
+- promote: written by another replica's sidecar when its canary passed, one per untouched replica;
+  applied like an override by that replica's own controller.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from tuner.store import DecisionRecord, DecisionStatus, Store, StoredDecision
 PAUSE = "pause"
 RESUME = "resume"
 OVERRIDE = "override"
+PROMOTE = "promote"
 IN_FORCE = "in_force"
 LIFTED = "lifted"
 
@@ -59,9 +64,16 @@ def active_pauses(store: Store) -> list[StoredDecision]:
 
 
 def request_override(
-    store: Store, now: datetime, config: dict[str, Any], *, engine: EngineKey | None = None, by: str = "operator"
+    store: Store,
+    now: datetime,
+    config: dict[str, Any],
+    *,
+    engine: EngineKey | None = None,
+    by: str = "operator",
+    canary: bool = False,
 ) -> int:
-    """Ask the controller to apply ``config`` on its next tick (even in advisory mode)."""
+    """Ask the controller to apply ``config`` on its next tick (even in advisory mode); ``canary``: judge
+    it against the untouched replicas first."""
     if not isinstance(config.get("method"), str):
         raise ValueError('an override config needs a "method" (e.g. "draft_model", "ngram", "off")')
     return store.record_decision(
@@ -69,8 +81,8 @@ def request_override(
             created_at=now,
             action=OVERRIDE,
             reason="manual",
-            message=f"Manual override by {by}.",
-            inputs={"by": by},
+            message=f"Manual override by {by}" + (", as a canary." if canary else "."),
+            inputs={"by": by, "canary": True} if canary else {"by": by},
             mode="manual",
             engine=engine,
             proposed_config=config,
@@ -80,5 +92,5 @@ def request_override(
 
 
 def pending_overrides(store: Store) -> list[StoredDecision]:
-    """Overrides not yet acted on, oldest first."""
-    return [d for d in store.decisions(status=DecisionStatus.PROPOSED) if d.decision.action == OVERRIDE]
+    """Overrides and promotions not yet acted on, oldest first."""
+    return [d for d in store.decisions(status=DecisionStatus.PROPOSED) if d.decision.action in (OVERRIDE, PROMOTE)]

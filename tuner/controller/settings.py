@@ -14,6 +14,7 @@ from policies.draft_choice import DraftTriggerConfig, TriggerStatistic
 from policies.memory import MemoryBudget
 from policies.step_cost import StepCostModel
 from tuner.config import (
+    CanarySection,
     ControllerSection,
     GuardrailsSection,
     MemorySection,
@@ -84,6 +85,7 @@ class ControllerSettings:
     policy: PolicySettings = field(default_factory=PolicySettings)
     history_s: float = SwapSection.model_fields["history_s"].default  # how far back a candidate's α counts
     fleet_prior: bool = False  # candidates' prior α from the fleet (tuner.controller.fleet_prior)
+    canary: CanarySection = field(default_factory=CanarySection)
     failed_retry_s: float = FAILED_RETRY_S
 
     @classmethod
@@ -96,6 +98,7 @@ class ControllerSettings:
             policy=PolicySettings.from_sections(config.policy, config.memory, config.swap),
             history_s=config.swap.history_s,
             fleet_prior=config.swap.fleet_prior,
+            canary=config.canary,
         )
 
     @property

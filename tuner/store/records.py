@@ -37,6 +37,7 @@ class AppliedBy(StrEnum):
     WEBHOOK = "webhook"
     MANUAL = "manual"
     ROLLBACK = "rollback"
+    PROMOTED = "promoted"  # a change another replica's canary proved (tuner.controller.canary)
 
 
 class StoredEngine(NamedTuple):

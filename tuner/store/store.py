@@ -735,9 +735,11 @@ class Store:
         at: datetime,
         realized_gain: float | None = None,
         status_message: str | None = None,
+        inputs: dict[str, Any] | None = None,
     ) -> None:
-        """Move a decision on (applied, verified, rolled back...); ``realized_gain`` and
-        ``status_message`` are kept when not given."""
+        """Move a decision on (applied, verified, rolled back...); ``realized_gain``, ``status_message``
+        and ``inputs`` are kept when not given (``inputs`` replaces the whole dict: a canary's plan added
+        to an operator's override when the controller takes it)."""
         values = R.check_fields(
             "update_decision",
             status=(status, "status"),
@@ -749,6 +751,11 @@ class Store:
             del values["realized_gain"]
         if status_message is None:
             del values["status_message"]
+        if inputs is not None:
+            try:
+                values["inputs"] = R.check_json(dict(inputs), "inputs")
+            except R.FieldError as exc:
+                raise R.InvalidRecordError(f"update_decision: {exc}; nothing was written") from None
         with self.write_transaction() as conn:
             result = conn.execute(update(decisions_t).where(decisions_t.c.id == decision_id).values(**values))
             if result.rowcount == 0:
