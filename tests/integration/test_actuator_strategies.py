@@ -274,6 +274,13 @@ def test_rolling_keeps_a_replica_that_did_not_come_back_out_of_rotation(
     outcomes = replica_outcomes(result)
     assert not outcomes[1]["healthy"] and not outcomes[1]["in_rotation"] and outcomes[1]["config"] is None
     assert outcomes[0]["outcome"] == "rolled_back" and outcomes[0]["in_rotation"]
+    # Once it can start again, the health job restarts it with its last good config and readmits it.
+    act.replicas[1].base_argv.remove("--no-such-flag")
+    restarted = act.ensure_running()
+    assert restarted is not None and restarted.ok and "replica 1 is back in rotation" in restarted.message
+    assert served(ports[1]) == K3
+    assert tap.client.state()["upstreams"] == [f"http://127.0.0.1:{p}" for p in ports]
+    assert act.ensure_running() is None  # nothing left to do
 
 
 def test_rolling_reports_a_rollback_that_failed(rolling: tuple[RollingActuator, InProcessTap, list[int]]) -> None:

@@ -268,9 +268,10 @@ class RollingActuator(Actuator):
 
     def ensure_running(self) -> ApplyResult | None:
         """Health job: a dead replica is taken out of rotation and restarted with its last good config;
-        a healthy replica out of rotation that serves the fleet's config goes back in."""
+        a healthy replica out of rotation that serves the fleet's config (:meth:`_fleet_config`) goes back in."""
         notes: list[str] = []
         failed = False
+        fleet = self._fleet_config()
         for index, replica in enumerate(self.replicas):
             if replica.process is None or not replica.process.alive():
                 if index in self.rotation:
@@ -282,8 +283,8 @@ class RollingActuator(Actuator):
                 if result is not None:
                     notes.append(f"replica {index}: {result.message}")
                     failed = failed or not result.ok
-            if index not in self.rotation and self.current is not None:
-                problem = self._readmit(index, self.current)
+            if index not in self.rotation and fleet is not None:
+                problem = self._readmit(index, fleet)
                 if index in self.rotation:
                     notes.append(f"replica {index} is back in rotation")
                 elif problem:
@@ -292,6 +293,13 @@ class RollingActuator(Actuator):
             return None
         status = ApplyStatus.FAILED if failed else ApplyStatus.APPLIED
         return ApplyResult(status, "; ".join(notes), self.current)
+
+    def _fleet_config(self) -> VllmSpec | None:
+        """The config in force, or (after a failed apply) the one every replica in rotation serves."""
+        if self.current is not None:
+            return self.current
+        serving = {config_fingerprint(self.replicas[i].current): self.replicas[i].current for i in self.rotation}
+        return next(iter(serving.values())) if len(serving) == 1 else None
 
     def switching_cost_s(self, config: VllmSpec) -> float | None:
         return 0.0  # the other replicas serve; a single replica's restart is what drain-and-hold would cost
