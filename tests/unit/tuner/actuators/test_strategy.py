@@ -5,14 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from typer.testing import CliRunner
 
 from tuner.actuators.base import ApplyImpact, ApplyResult, ApplyStatus
 from tuner.actuators.blue_green import port_of, with_port
 from tuner.actuators.fit import blue_green_fit, gpu_memory_utilization
 from tuner.actuators.rolling import RollingActuator
 from tuner.actuators.strategy import build_restart_strategy, choose_strategy
-from tuner.cli.main import app
 from tuner.config import ActuatorSection, ConfigError, parse_config
 
 ARGV = ["python", "-m", "vllm.entrypoints.openai.api_server", "--port", "8000"]
@@ -163,17 +161,3 @@ def test_rolling_needs_two_replicas_and_a_port_to_replace(
         parse_config(rolling_config(tmp_path, ports, argv), base_dir=tmp_path)
     assert fragment in str(err.value) and "\n" not in str(err.value)
 
-
-def test_run_refuses_a_rolling_config_with_one_replica_exit_2(tmp_path: Any) -> None:
-    path = tmp_path / "spectuner.toml"
-    path.write_text(
-        '[engine]\nmetrics_url = "http://127.0.0.1:8001"\n'
-        '[speculative]\nmethod = "ngram"\nnum_speculative_tokens = 3\n'
-        '[actuator]\nkind = "restart"\nstrategy = "rolling"\n'
-        '[actuator.restart]\nargv = ["vllm", "serve", "m", "--port", "8000"]\n'
-        '[actuator.front_door]\nengine_url = "http://127.0.0.1:8000"\nlisten = "127.0.0.1:8001"\n'
-        "replica_ports = [8000]\n"
-    )
-    result = CliRunner().invoke(app, ["run", "--config", str(path)])
-    assert result.exit_code == 2
-    assert "replica_ports lists 1 distinct port(s)" in result.output
