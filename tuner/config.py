@@ -130,6 +130,10 @@ class FrontDoorSection(_Section):
     blue_green_port: int | None = Field(
         default=None, gt=0, lt=65536, description="second local port for the new engine (blue/green)"
     )
+    replica_ports: list[int] = Field(
+        default_factory=list,
+        description="rolling: one local port per engine replica (argv's --port replaced for each; at least two)",
+    )
     device: Literal["cpu", "gpu"] = Field(default="gpu", description="where the engine runs (the blue/green fit)")
     spare_gpu: bool = Field(default=False, description="a free GPU can hold the new engine beside the old one")
     max_hold_s: float = Field(default=120.0, gt=0, description="longest a request is held; then 503 + Retry-After")
@@ -139,7 +143,7 @@ class FrontDoorSection(_Section):
     warmup_requests: int = Field(default=3, ge=0, description="blue/green: completions sent to the new engine first")
     env_by_port: dict[str, dict[str, str]] = Field(
         default_factory=dict,
-        description='blue/green: extra environment for the engine on a port, e.g. { "8002" = '
+        description='blue/green, rolling: extra environment for the engine on a port, e.g. { "8002" = '
         '{ VLLM_CPU_OMP_THREADS_BIND = "1" } } so two CPU engines do not share cores',
     )
 
@@ -164,12 +168,26 @@ class FrontDoorSection(_Section):
         return self
 
 
+def _check_replicas(ports: list[int], argv: list[str]) -> None:
+    """A rolling apply needs two or more distinct ports and a server command line that names ``--port``."""
+    if len(set(ports)) < 2:
+        raise ValueError(
+            f"strategy is 'rolling' but actuator.front_door.replica_ports lists {len(set(ports))} distinct "
+            "port(s); list one per replica, at least two (e.g. [8000, 8002]), or choose another strategy"
+        )
+    if len(set(ports)) != len(ports) or not all(0 < p < 65536 for p in ports):
+        raise ValueError(f"actuator.front_door.replica_ports must be distinct port numbers but got {ports}")
+    if not any(a == "--port" or a.startswith("--port=") for a in argv):
+        raise ValueError("strategy is 'rolling' but actuator.restart.argv has no --port to replace per replica")
+
+
 class ActuatorSection(_Section):
     kind: Literal["restart", "command", "webhook", "live", "none"] = "none"
-    strategy: Literal["auto", "blue_green", "drain_hold", "restart"] = Field(
+    strategy: Literal["auto", "blue_green", "drain_hold", "rolling", "restart"] = Field(
         default="auto",
         description="how a restart apply spares clients: auto = blue_green when a second engine fits, else "
-        "drain_hold (both need [actuator.front_door]); without a front door, a plain restart",
+        "drain_hold (both need [actuator.front_door]); without a front door, a plain restart; rolling = "
+        "one replica of front_door.replica_ports at a time (never chosen by auto)",
     )
     front_door: FrontDoorSection | None = None
     restart: RestartActuatorSection | None = None
@@ -181,10 +199,12 @@ class ActuatorSection(_Section):
     def _table_for_kind(self) -> ActuatorSection:
         if self.kind != "none" and getattr(self, self.kind) is None:
             raise ValueError(f"kind is {self.kind!r} but there is no [actuator.{self.kind}] table; add one")
-        if self.strategy in ("blue_green", "drain_hold") and self.front_door is None:
+        if self.strategy in ("blue_green", "drain_hold", "rolling") and self.front_door is None:
             raise ValueError(f"strategy is {self.strategy!r} but there is no [actuator.front_door] table; add one")
         if self.strategy == "blue_green" and self.front_door is not None and self.front_door.blue_green_port is None:
             raise ValueError("strategy is 'blue_green' but actuator.front_door.blue_green_port is not set")
+        if self.strategy == "rolling" and self.front_door is not None:
+            _check_replicas(self.front_door.replica_ports, self.restart.argv if self.restart is not None else [])
         live = self.live if self.kind == "live" else None
         if live is not None and live.fallback != "none" and getattr(self, live.fallback) is None:
             raise ValueError(

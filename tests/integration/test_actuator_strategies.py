@@ -18,7 +18,7 @@ from tests.integration.engine_fixtures import fake_engine_argv
 from tuner.actuators import ApplyStatus
 from tuner.actuators.blue_green import BlueGreenActuator
 from tuner.actuators.drain_hold import DrainHoldActuator
-from tuner.actuators.front_door import InProcessTap
+from tuner.actuators.front_door import FrontDoorClient, FrontDoorError, InProcessTap
 from tuner.actuators.restart import RestartActuator
 from tuner.actuators.rolling import RollingActuator
 from tuner.engine.process import free_port
@@ -232,6 +232,136 @@ def test_rolling_apply_stops_and_rolls_back_on_a_regression(
     assert seen == [0]
     assert [served(p) for p in ports] == [K3, K3] and act.current == K3
     assert set(load.statuses) == {200}
+
+
+def break_starts(replica: RestartActuator) -> None:
+    """From now on the replica's server command exits at once (an unknown flag), whatever the config:
+    neither the new config nor the old one can come up on it."""
+    replica.base_argv.append("--no-such-flag")
+
+
+def replica_outcomes(result) -> dict[int, dict]:
+    return {r["replica"]: r for r in result.event_data()["replicas"]}
+
+
+def test_rolling_readmits_a_replica_restored_to_the_old_config_once_healthy(
+    rolling: tuple[RollingActuator, InProcessTap, list[int]],
+) -> None:
+    act, tap, ports = rolling
+    with Load(tap.url) as load:
+        result = act.apply(BROKEN)  # replica 0 does not take it and restores K3 itself
+    assert result.status is ApplyStatus.ROLLED_BACK, result.message
+    assert [served(p) for p in ports] == [K3, K3] and act.current == K3
+    assert tap.client.state()["upstreams"] == [f"http://127.0.0.1:{p}" for p in ports]
+    assert set(load.statuses) == {200}
+    outcomes = replica_outcomes(result)
+    assert outcomes[0]["outcome"] == "rolled_back" and outcomes[0]["in_rotation"] and outcomes[0]["healthy"]
+    assert outcomes[1]["outcome"] == "untouched" and outcomes[1]["config"] == K3
+
+
+def test_rolling_keeps_a_replica_that_did_not_come_back_out_of_rotation(
+    rolling: tuple[RollingActuator, InProcessTap, list[int]],
+) -> None:
+    act, tap, ports = rolling
+    break_starts(act.replicas[1])
+    with Load(tap.url) as load:
+        result = act.apply(K5)
+    assert result.status is ApplyStatus.FAILED, result.message
+    assert "replica 1" in result.message and "out of rotation" in result.message
+    assert tap.client.state()["upstreams"] == [f"http://127.0.0.1:{ports[0]}"]  # never the dead one
+    assert served(ports[0]) == K3  # replica 0 went back to the old config
+    assert load.statuses and set(load.statuses) == {200}
+    outcomes = replica_outcomes(result)
+    assert not outcomes[1]["healthy"] and not outcomes[1]["in_rotation"] and outcomes[1]["config"] is None
+    assert outcomes[0]["outcome"] == "rolled_back" and outcomes[0]["in_rotation"]
+    # Once it can start again, the health job restarts it with its last good config and readmits it.
+    act.replicas[1].base_argv.remove("--no-such-flag")
+    restarted = act.ensure_running()
+    assert restarted is not None and restarted.ok and "replica 1 is back in rotation" in restarted.message
+    assert served(ports[1]) == K3
+    assert tap.client.state()["upstreams"] == [f"http://127.0.0.1:{p}" for p in ports]
+    assert act.ensure_running() is None  # nothing left to do
+
+
+def test_rolling_reports_a_rollback_that_failed(rolling: tuple[RollingActuator, InProcessTap, list[int]]) -> None:
+    act, tap, ports = rolling
+
+    def verify(index: int, config: dict) -> bool:
+        break_starts(act.replicas[index])  # the regressed replica cannot be restarted with anything
+        return False
+
+    act.verify = verify
+    with Load(tap.url) as load:
+        result = act.apply(K5)
+    assert result.status is ApplyStatus.FAILED and result.config is None, result.message
+    assert "replica 0" in result.message and "rollback" in result.message and "engine log" in result.message
+    assert act.current is None
+    assert tap.client.state()["upstreams"] == [f"http://127.0.0.1:{ports[1]}"]
+    assert served(ports[1]) == K3
+    assert load.statuses and set(load.statuses) == {200}
+    outcomes = replica_outcomes(result)
+    assert outcomes[0]["outcome"] == "rollback_failed" and not outcomes[0]["in_rotation"]
+    assert outcomes[1]["outcome"] == "untouched" and outcomes[1]["in_rotation"] and outcomes[1]["config"] == K3
+
+
+class FailingDoor(FrontDoorClient):
+    """The tap's control client whose ``op`` fails on the calls numbered in ``fail_on`` (1-based), as
+    a door that did not answer would."""
+
+    def __init__(self, door: FrontDoorClient, op: str, fail_on: set[int]) -> None:
+        super().__init__(door.url, door.token)
+        self.op, self.fail_on, self.calls = op, fail_on, 0
+
+    def _call(self, body: dict, timeout_s: float | None = None) -> dict:
+        if body["op"] == self.op:
+            self.calls += 1
+            if self.calls in self.fail_on:
+                raise FrontDoorError(f"front door {self.url} unreachable: injected {self.op} failure")
+        return super()._call(body, timeout_s)
+
+
+def test_rolling_rolls_back_when_the_door_fails_to_readmit_a_replica(
+    rolling: tuple[RollingActuator, InProcessTap, list[int]],
+) -> None:
+    act, tap, ports = rolling
+    # set_upstreams call 1 takes replica 0 out, call 2 would put it back in: that one fails.
+    act.door = FailingDoor(tap.client, "set_upstreams", {2})
+    with Load(tap.url) as load:
+        result = act.apply(K5)
+    assert result.status is ApplyStatus.ROLLED_BACK, result.message
+    assert "front door" in result.message and "replica 0" in result.message
+    assert [served(p) for p in ports] == [K3, K3] and act.current == K3
+    assert tap.client.state()["upstreams"] == [f"http://127.0.0.1:{p}" for p in ports]
+    assert set(load.statuses) == {200}
+
+
+def test_rolling_never_raises_when_the_door_goes_away(rolling: tuple[RollingActuator, InProcessTap, list[int]]) -> None:
+    act, tap, ports = rolling
+
+    def verify(index: int, config: dict) -> bool:
+        tap.stop()  # the tap is gone after replica 0 changed: every control call fails from here on
+        return True
+
+    act.verify = verify
+    result = act.apply(K5)  # must not raise
+    assert result.status is ApplyStatus.FAILED and result.config is None, result.message
+    assert "front door" in result.message and "replica 1" in result.message
+    # No replica is restarted while the door may still send it requests: both keep serving.
+    assert [served(p) for p in ports] == [K5, K3]
+    assert all(r.healthy() for r in act.replicas)
+    outcomes = replica_outcomes(result)
+    assert outcomes[0]["config"] == K5 and outcomes[1]["outcome"] == "untouched"
+
+
+def test_rolling_restarts_a_replica_out_of_rotation_when_its_drain_call_fails(
+    rolling: tuple[RollingActuator, InProcessTap, list[int]],
+) -> None:
+    act, tap, ports = rolling
+    act.door = FailingDoor(tap.client, "drain", set(range(1, 100)))
+    result = act.apply(K5)  # the engine's own --shutdown-timeout drains instead
+    assert result.status is ApplyStatus.APPLIED, result.message
+    assert [served(p) for p in ports] == [K5, K5]
+    assert tap.client.state()["upstreams"] == [f"http://127.0.0.1:{p}" for p in ports]
 
 
 def test_drain_and_hold_restarts_a_dead_engine_with_arrivals_held(tmp_path: Path, tap_for) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -52,6 +52,7 @@ class ApplyResult:
     downtime_s: float | None = None  # serving gap caused by the apply, when measured
     detail: str = ""  # e.g. the tail of the failed engine's log, an orchestrator's answer
     impact: ApplyImpact | None = None  # client impact, when the apply went through the front door
+    replicas: tuple[Mapping[str, Any], ...] = ()  # per-replica outcomes of an apply across several engines
 
     @property
     def ok(self) -> bool:
@@ -67,6 +68,8 @@ class ApplyResult:
         }
         if self.impact is not None:
             data.update(self.impact.as_dict())
+        if self.replicas:
+            data["replicas"] = [dict(r) for r in self.replicas]
         return data
 
 

@@ -7,11 +7,13 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from collectors.tap import parse_listen
-from tuner.actuators.blue_green import BlueGreenActuator
+from tuner.actuators.base import Actuator
+from tuner.actuators.blue_green import BlueGreenActuator, with_port
 from tuner.actuators.drain_hold import DrainHoldActuator
 from tuner.actuators.fit import Fit, blue_green_fit, gpu_memory_utilization
 from tuner.actuators.front_door import FrontDoorClient, FrontDoorError, InProcessTap, load_or_create_control_token
 from tuner.actuators.restart import RestartActuator
+from tuner.actuators.rolling import RollingActuator
 from tuner.config import ActuatorSection, FrontDoorSection
 
 log = logging.getLogger(__name__)
@@ -54,6 +56,12 @@ class OwnedBlueGreen(BlueGreenActuator, _TapOwner):
         self.stop_tap()
 
 
+class OwnedRolling(RollingActuator, _TapOwner):
+    def stop(self) -> None:
+        super().stop()
+        self.stop_tap()
+
+
 def front_door_client(
     door: FrontDoorSection, resolve: Callable[[str], Path]
 ) -> tuple[FrontDoorClient, InProcessTap | None]:
@@ -82,7 +90,7 @@ def build_restart_strategy(
     log_path: Path,
     env: Mapping[str, str],
     resolve: Callable[[str], Path],
-) -> RestartActuator:
+) -> Actuator:
     """The restart-kind actuator for ``[actuator] strategy`` (``section.restart`` must be set)."""
     restart = section.restart
     assert restart is not None
@@ -98,8 +106,20 @@ def build_restart_strategy(
     if strategy == "restart" or door is None:
         return RestartActuator(restart.argv, health_url, log_path, **common)  # type: ignore[arg-type]
     client, tap = front_door_client(door, resolve)
-    actuator: OwnedDrainHold | OwnedBlueGreen
-    if strategy == "blue_green":
+    actuator: OwnedDrainHold | OwnedBlueGreen | OwnedRolling
+    if strategy == "rolling":
+        # Each replica is the server command on its own port, a plain restart gated on /v1/models.
+        replicas = [
+            RestartActuator(
+                with_port(restart.argv, port), f"http://127.0.0.1:{port}/v1/models",
+                log_path.with_name(f"{log_path.stem}.{port}{log_path.suffix}"),
+                **{**common, "env": {**env, **door.env_by_port.get(str(port), {})}},  # type: ignore[arg-type]
+            )
+            for port in door.replica_ports
+        ]  # fmt: skip
+        urls = [f"http://127.0.0.1:{port}" for port in door.replica_ports]
+        actuator = OwnedRolling(replicas, urls, client, drain_timeout_s=door.drain_timeout_s)
+    elif strategy == "blue_green":
         assert door.blue_green_port is not None
         actuator = OwnedBlueGreen(
             restart.argv, door.blue_green_port, log_path, client, warmup_requests=door.warmup_requests,

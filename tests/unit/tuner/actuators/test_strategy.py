@@ -9,7 +9,8 @@ import pytest
 from tuner.actuators.base import ApplyImpact, ApplyResult, ApplyStatus
 from tuner.actuators.blue_green import port_of, with_port
 from tuner.actuators.fit import blue_green_fit, gpu_memory_utilization
-from tuner.actuators.strategy import choose_strategy
+from tuner.actuators.rolling import RollingActuator
+from tuner.actuators.strategy import build_restart_strategy, choose_strategy
 from tuner.config import ActuatorSection, ConfigError, parse_config
 
 ARGV = ["python", "-m", "vllm.entrypoints.openai.api_server", "--port", "8000"]
@@ -111,3 +112,52 @@ def test_blue_green_gives_each_port_its_own_extra_environment(tmp_path: Any) -> 
     act._use_port(8002)
     assert act._server_env() == {"A": "1", "BIND": "1"} and port_of(act._server_argv(None)) == 8002
     assert act.health_url == "http://127.0.0.1:8002/v1/models" and act.log_path.name == "engine.8002.log"
+
+
+def rolling_config(tmp_path: Any, ports: list[int], argv: list[str] = ARGV) -> dict[str, Any]:
+    return {
+        "engine": {"metrics_url": "http://127.0.0.1:8001"},
+        "speculative": {"method": "ngram", "num_speculative_tokens": 3},
+        "actuator": {
+            "kind": "restart",
+            "strategy": "rolling",
+            "restart": {"argv": argv, "log_path": "engine.log"},
+            "front_door": {
+                "engine_url": "http://127.0.0.1:8000",
+                "control_url": "http://127.0.0.1:8001",
+                "control_token_file": "tap.token",
+                "replica_ports": ports,
+                "env_by_port": {"8002": {"BIND": "1"}},
+            },
+        },
+    }
+
+
+def test_rolling_builds_one_restart_replica_per_port(tmp_path: Any) -> None:
+    config = parse_config(rolling_config(tmp_path, [8000, 8002]), base_dir=tmp_path)
+    assert choose_strategy(config.actuator)[0] == "rolling"
+    act = build_restart_strategy(config.actuator, "unused", tmp_path / "engine.log", {"A": "1"}, config.resolve)
+    assert isinstance(act, RollingActuator)
+    assert act.urls == ["http://127.0.0.1:8000", "http://127.0.0.1:8002"]
+    assert [port_of(r.base_argv) for r in act.replicas] == [8000, 8002]
+    assert [r.health_url for r in act.replicas] == [f"{u}/v1/models" for u in act.urls]
+    assert [r.log_path.name for r in act.replicas] == ["engine.8000.log", "engine.8002.log"]
+    assert [r.env for r in act.replicas] == [{"A": "1"}, {"A": "1", "BIND": "1"}]
+
+
+@pytest.mark.parametrize(
+    ("ports", "argv", "fragment"),
+    [
+        ([8000], ARGV, "replica_ports lists 1 distinct port(s)"),
+        ([8000, 8000], ARGV, "replica_ports lists 1 distinct port(s)"),
+        ([], ARGV, "replica_ports lists 0 distinct port(s)"),
+        ([8000, 8002], ARGV[:-2], "no --port"),
+    ],
+)
+def test_rolling_needs_two_replicas_and_a_port_to_replace(
+    tmp_path: Any, ports: list[int], argv: list[str], fragment: str
+) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config(rolling_config(tmp_path, ports, argv), base_dir=tmp_path)
+    assert fragment in str(err.value) and "\n" not in str(err.value)
+
