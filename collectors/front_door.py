@@ -187,7 +187,9 @@ class FrontDoor:
         if upstream not in self.upstreams:
             return
         if self.upstreams == [upstream]:
-            raise ControlError(f"{upstream} is the only upstream in rotation; removing it would leave none (hold instead)")
+            raise ControlError(
+                f"{upstream} is the only upstream in rotation; removing it would leave none (hold instead)"
+            )
         self.upstreams = [u for u in self.upstreams if u != upstream]
 
     def add_upstream(self, upstream: str) -> None:

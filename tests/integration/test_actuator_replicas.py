@@ -27,9 +27,14 @@ def replicas(tmp_path: Path) -> Iterator[Pair]:
     tap.start()
     acts = [
         DrainHoldActuator(
-            fake_engine_argv(port), url, tmp_path / f"engine{port}.log", tap.client,
-            drain_timeout_s=10, startup_timeout_s=30, shutdown_timeout_s=2,
-        )  # fmt: skip
+            fake_engine_argv(port),
+            url,
+            tmp_path / f"engine{port}.log",
+            tap.client,
+            drain_timeout_s=10,
+            startup_timeout_s=30,
+            shutdown_timeout_s=2,
+        )
         for port, url in zip(ports, urls, strict=True)
     ]
     try:
@@ -60,7 +65,7 @@ def test_a_replica_changes_out_of_rotation_while_the_other_serves(replicas: Pair
 
 
 def test_a_config_that_does_not_come_up_is_rolled_back_and_the_replica_rejoins(replicas: Pair) -> None:
-    a, b, tap = replicas
+    a, _, tap = replicas
     with Load(tap.url) as load:
         result = a.apply(BROKEN)
     assert result.status is ApplyStatus.ROLLED_BACK, result.message
