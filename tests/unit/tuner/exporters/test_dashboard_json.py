@@ -96,6 +96,18 @@ def test_the_issue_asks_for_these_views() -> None:
     assert any("spectuner_decisions_total" in a["expr"] for a in annotations)
 
 
+def test_fleet_queries_fold_the_copies_every_sidecar_exports() -> None:
+    """Each sidecar with ``[exporters] fleet = true`` exports the same fleet series (only its instance
+    differs): every fleet query takes ``max by`` exactly the metric's own labels."""
+    fleet = [q for q in DQ.queries() if "spectuner_fleet_" in q.expr]
+    assert len(fleet) >= 6
+    for q in fleet:
+        (metric,) = DQ.metric_names(q.expr)
+        by = re.match(r"^max by \(([^)]*)\) \(", q.expr)
+        assert by is not None, q.where
+        assert tuple(x.strip() for x in by.group(1).split(",")) == METRICS[metric].labels, q.where
+
+
 def test_every_metric_named_exists() -> None:
     known = set(METRICS) | _vllm_names()
     for q in DQ.queries():
