@@ -12,10 +12,13 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from collectors.records import EngineKey, EventRecord
-from policies.acceptance import estimate_alpha
+from policies.acceptance import alpha_of_windows, estimate_alpha
 from tests.fakes import FakeClock
+from tests.integration import fleet_factories as FF
 from tests.integration.exporter_fixtures import NOW, SERVER, WINDOW_S, expected_counters, fill
 from tests.integration.store_factories import A, B
+from tuner.cli.status_fleet import gather_fleet
+from tuner.controller import manual
 from tuner.exporters.service import ExportService
 from tuner.exporters.settings import ExportersSection
 from tuner.exporters.values import METRICS, overhead_ratio
@@ -129,3 +132,53 @@ def test_a_busy_port_is_a_clear_error(store: Store, service: ExportService) -> N
     other = PrometheusExporter(service.samples, "127.0.0.1", service.prometheus.port)
     with pytest.raises(OSError):
         other.start()
+
+
+def test_the_fleet_gauges_are_opt_in_and_show_the_groups_status_shows(store: Store) -> None:
+    """One sidecar of a fleet (its own engine only for the engine gauges) with ``[exporters] fleet = true``
+    exports every engine of the database grouped: the same groups, intervals and outlier as
+    `spectuner status --fleet`, re-read at most once per ``fleet_refresh_s``."""
+    clock = FakeClock(NOW)
+    written = FF.write_fleet(store, NOW)
+    fleet_on = ExportersSection.model_validate(
+        {"fleet": True, "fleet_window_s": 600, "fleet_refresh_s": 60,
+         "prometheus": {"enabled": True, "host": "127.0.0.1", "port": 0}}
+    )
+    off = ExportService(store, ExportersSection(), clock=clock, metrics_url=FF.key("10.0.0.1").url)
+    assert not [s for s in off.refresh() if s.name.startswith("spectuner_fleet_")]  # off by default
+
+    svc = ExportService(store, fleet_on, clock=clock, metrics_url=FF.key("10.0.0.1").url)
+    svc.start()
+    try:
+        assert svc.prometheus is not None
+        url = f"http://127.0.0.1:{svc.prometheus.port}/metrics"
+        series, _ = scrape(url)
+        status = gather_fleet(store, NOW, 600)
+        big = status["groups"][0]
+        group = tuple(sorted({"model_name": FF.TARGET, "method": "draft_model", "draft": "/drafts/good",
+                              "config": FF.K3.fingerprint}.items()))
+        assert series[("spectuner_fleet_group_alpha", group)] == pytest.approx(big["alpha"])
+        assert series[("spectuner_fleet_group_alpha_lower", group)] == pytest.approx(big["alpha_ci"][0])
+        assert series[("spectuner_fleet_group_alpha_upper", group)] == pytest.approx(big["alpha_ci"][1])
+        assert series[("spectuner_fleet_group_dispersion", group)] == pytest.approx(big["dispersion"])
+        assert series[("spectuner_fleet_group_engines", group)] == 5
+        assert series[("spectuner_fleet_group_pending_changes", group)] == 1  # the change K 3 → 4 in flight
+        flags = {dict(k[1])["metrics_url"]: v for k, v in series.items() if k[0] == "spectuner_fleet_outlier"}
+        assert flags == {FF.key(h).url: float(h == FF.BROKEN) for h in FF.REPLICAS}
+        broken = tuple(sorted({**dict(group), "metrics_url": FF.key(FF.BROKEN).url, "engine": "0"}.items()))
+        assert series[("spectuner_fleet_engine_alpha", broken)] == pytest.approx(
+            alpha_of_windows(written[FF.BROKEN]).alpha
+        )
+        # the engine gauges stay this sidecar's own
+        assert {dict(k[1]).get("engine") for k in series if k[0] == "spectuner_alpha"} == {"0"}
+
+        # an override for the broken replica: not seen until fleet_refresh_s has passed
+        manual.request_override(store, NOW, FF.NGRAM.to_vllm(), engine=FF.key(FF.BROKEN))
+        clock.advance(30)
+        svc.refresh()
+        assert scrape(url)[0][("spectuner_fleet_group_pending_changes", group)] == 1
+        clock.advance(31)
+        svc.refresh()
+        assert scrape(url)[0][("spectuner_fleet_group_pending_changes", group)] == 2
+    finally:
+        svc.stop()

@@ -8,39 +8,20 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
-import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from bench.research.simulate import simulate_counters
-from collectors.records import EngineKey, WindowRecord
 from policies.acceptance import alpha_of_windows
-from policies.spec_config import SpecConfig
+from tests.integration.fleet_factories import K3, REPLICAS, TARGET, key, write_fleet
 from tuner.cli.main import app
-from tuner.store import AppliedBy, DecisionRecord, EngineConfigRecord, Store
+from tuner.store import Store
 
 pytestmark = pytest.mark.integration
 
 runner = CliRunner()
-TARGET = "lab-target"
-K3 = SpecConfig.from_vllm({"method": "draft_model", "model": "/drafts/good", "num_speculative_tokens": 3})
-NGRAM = SpecConfig.from_vllm({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 4})
-# replica → (config, true α): four healthy replicas, one whose draft is broken, one on ngram
-REPLICAS = {
-    "10.0.0.1": (K3, 0.72),
-    "10.0.0.2": (K3, 0.70),
-    "10.0.0.3": (K3, 0.71),
-    "10.0.0.4": (K3, 0.69),
-    "10.0.0.5": (K3, 0.40),
-    "10.0.0.6": (NGRAM, 0.30),
-}
-
-
-def key(host: str) -> EngineKey:
-    return EngineKey(f"http://{host}:8000/metrics", TARGET, "0")
 
 
 def run_json(*args: str) -> Any:
@@ -51,50 +32,9 @@ def run_json(*args: str) -> Any:
 
 @pytest.fixture
 def fleet(db_url: str) -> Iterator[tuple[str, Store, dict[str, list[Any]]]]:
-    """Each replica's sidecar records its config and 20 windows of 10 s (the last 200 s); one change is
-    in flight on 10.0.0.2; 10.0.0.9 was scraped but has no config yet."""
-    rng = np.random.default_rng(23)
     store = Store(db_url)
-    now = datetime.now(UTC)
-    start = now - timedelta(seconds=200)
-    written: dict[str, list[Any]] = {}
-    for host, (spec, alpha) in REPLICAS.items():
-        config_id = store.record_config(
-            key(host), EngineConfigRecord.of(spec, start - timedelta(seconds=30), AppliedBy.STARTUP)
-        )
-        counters = [simulate_counters(rng, alpha, spec.k or 1, 400) for _ in range(20)]
-        written[host] = counters
-        store.write_windows(
-            [
-                WindowRecord(
-                    key=key(host),
-                    start=start + timedelta(seconds=10 * i),
-                    end=start + timedelta(seconds=10 * (i + 1)),
-                    spec=c,
-                    generation_tokens=1000.0,
-                    config_id=config_id,
-                )
-                for i, c in enumerate(counters)
-            ]
-        )
-    store.write_windows(
-        [WindowRecord(key("10.0.0.9"), start, start + timedelta(seconds=10), spec=None, generation_tokens=5.0)]
-    )
-    store.record_decision(
-        DecisionRecord(
-            created_at=now - timedelta(seconds=20),
-            action="change",
-            reason="change_k",
-            message="K 3 → 4",
-            inputs={},
-            mode="auto",
-            engine=key("10.0.0.2"),
-            proposed_config=K3.with_k(4).to_vllm(),
-            status="applied",
-        )
-    )
     try:
-        yield db_url, store, written
+        yield db_url, store, write_fleet(store, datetime.now(UTC))
     finally:
         store.close()
 

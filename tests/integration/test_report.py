@@ -7,17 +7,20 @@ import base64
 import json
 import re
 import statistics
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from collectors.records import WindowRecord
-from policies.acceptance import estimate_alpha
+from policies.acceptance import alpha_of_windows, estimate_alpha
 from policies.counters import SpecCounters
+from tests.integration import fleet_factories as FF
 from tests.integration import report_factories as F
 from tuner.cli.main import app
+from tuner.cli.status_fleet import gather_fleet
+from tuner.controller import manual
 from tuner.report import ReportData, gather, write_report
 from tuner.store import RetentionPolicy, Store, run_retention
 
@@ -99,6 +102,7 @@ def test_an_empty_database_gives_a_page_that_says_what_is_missing(store: Store, 
     for section in SECTIONS:
         assert f'id="missing-{section}"' in html
     assert 'id="missing-engines"' in html and "spectuner collect" in html
+    assert 'id="missing-fleet"' in html
     doc = json.loads(result.report_json.read_text())
     assert doc["engines"] == [] and set(doc["missing"]) >= {*SECTIONS, "decisions"}
 
@@ -165,6 +169,87 @@ def test_buckets_where_alpha_cannot_be_estimated_are_named_not_hidden(store: Sto
     assert all(b.reason == "dynamic_k_unresolved" and b.draft_acceptance_rate == 0.5 for b in data.alpha[6:])
     assert "6 bucket(s)" in data.notes["alpha"] and "per-batch-size" in data.notes["alpha"]
     assert "alpha" not in data.missing
+
+
+# --- the fleet ---------------------------------------------------------------------------------
+
+
+def test_the_fleet_section_groups_engines_pools_alpha_and_flags_the_outlier(store: Store, tmp_path: Path) -> None:
+    now = datetime.now(UTC)
+    written = FF.write_fleet(store, now)
+    # an operator's override for one replica and one for every engine, not yet acted on
+    manual.request_override(store, now, FF.NGRAM.to_vllm(), engine=FF.key("10.0.0.3"), by="alice")
+    manual.request_override(store, now, FF.K3.with_k(2).to_vllm(), by="bob")
+    result = write_report(store, tmp_path)
+    fleet = result.data.fleet
+
+    big, small = fleet.groups
+    assert (big.target, big.method, big.draft_model) == (FF.TARGET, "draft_model", "/drafts/good")
+    assert big.spec_config == FF.K3.to_vllm() and "K=3" in big.config
+    healthy_and_broken = sorted(FF.REPLICAS)[:5]
+    label = {h: f"{FF.TARGET}/0@{h}:8000" for h in [*FF.REPLICAS, FF.UNCONFIGURED]}
+    assert sorted(e.engine for e in big.engines) == [label[h] for h in healthy_and_broken]
+    # the pooled α̂ is THE α̂ over every window of the group; its interval is widened by √φ
+    pooled = alpha_of_windows([c for h in healthy_and_broken for c in written[h]])
+    assert pooled.alpha_ci is not None and big.alpha_binomial is not None
+    assert big.alpha == pytest.approx(pooled.alpha)
+    assert big.alpha_binomial == pytest.approx(list(pooled.alpha_ci))
+    assert big.alpha_lower is not None and big.alpha_upper is not None
+    assert big.alpha_lower < pooled.alpha_ci[0] and big.alpha_upper > pooled.alpha_ci[1] and big.dispersion > 5
+    # the replica with the broken draft, and only it, is flagged, with its own α̂ and the reason
+    assert [o.engine for o in big.outliers] == [label[FF.BROKEN]]
+    broken = big.outliers[0]
+    assert broken.alpha == pytest.approx(alpha_of_windows(written[FF.BROKEN]).alpha)
+    assert "broken draft" in broken.reason
+    assert {e.verdict for e in big.engines if e is not broken} == {"in_line"}
+    # pending: the change in flight on one replica, the override proposed for another; the override for
+    # every engine is listed once, for all
+    assert [(p.engine, p.action, p.status) for p in big.pending] == [
+        (label[FF.CHANGING], "change", "applied"),
+        (label["10.0.0.3"], "override", "proposed"),
+    ]
+    assert [(p.engine, p.action) for p in fleet.pending_for_all] == [(None, "override")]
+    assert small.method == "ngram" and len(small.engines) == 1 and small.outliers == [] and small.pending == []
+    assert fleet.ungrouped == [label[FF.UNCONFIGURED]]
+
+    # the same groups and intervals as `spectuner status --fleet` over the same windows
+    status = gather_fleet(store, now + timedelta(seconds=1), 600)
+    assert [x for g in status["groups"] for x in g["alpha_ci"]] == pytest.approx(
+        [x for g in fleet.groups for x in (g.alpha_lower, g.alpha_upper)]
+    )
+
+    html = result.index_html.read_text()
+    table = html[html.index('<table id="fleet-table">') :]
+    table = table[: table.index("</table>")]
+    assert f"[{big.alpha_lower:.3f}, {big.alpha_upper:.3f}]" in table and f"{big.dispersion:.2f}" in table
+    assert f'<span class="outlier">{label[FF.BROKEN]}</span>: α̂ = ' in table
+    assert "5: " in table and all(label[h] in table for h in healthy_and_broken)
+    assert "change applied" in table and "override proposed" in table and "ngram" in table
+    assert 'id="fleet-pending-all"' in html and label[FF.UNCONFIGURED] in html
+    assert 'id="fleet-one-engine"' not in html
+
+    doc = json.loads(result.report_json.read_text())
+    g0 = doc["fleet"]["groups"][0]
+    assert [o["engine"] for o in g0["outliers"]] == [label[FF.BROKEN]]
+    assert [g0["alpha_lower"], g0["alpha_upper"]] == pytest.approx([big.alpha_lower, big.alpha_upper])
+    assert len(g0["engines"]) == 5 and "fleet" not in doc["missing"]
+
+
+def test_one_engine_is_one_group_and_the_range_picks_the_config_at_its_end(store: Store, tmp_path: Path) -> None:
+    story = F.populate(store)
+    result = write_report(store, tmp_path)
+    (group,) = result.data.fleet.groups
+    assert [e.engine for e in group.engines] == ["lab-target/0"] and group.outliers == []
+    assert group.engines[0].verdict == "not_judged" and "K=4" in group.config
+    # only the windows of the config in force (K=4 from 75 min)
+    k4 = [w.spec for w in story.windows if w.start >= F._minute(75) and w.spec is not None]
+    assert group.alpha == pytest.approx(alpha_of_windows(k4).alpha)
+    assert 'id="fleet-one-engine"' in result.index_html.read_text()
+    # a range ending at 40 min: the good draft at K=3 (in force from 35 min), over its windows in range
+    earlier = gather(store, since=F._minute(30), until=F._minute(40)).fleet.groups[0]
+    k3 = [w.spec for w in story.windows if F._minute(35) <= w.start and w.end < F._minute(40) and w.spec]
+    assert "draft-good" in (earlier.draft_model or "") and "K=3" in earlier.config
+    assert earlier.alpha == pytest.approx(alpha_of_windows(k3).alpha)
 
 
 # --- the command --------------------------------------------------------------------------------

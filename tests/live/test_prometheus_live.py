@@ -1,7 +1,8 @@
 """A real Prometheus (Debian package ``prometheus``) scrapes the session lab engine's /metrics and a
 real sidecar (``spectuner run`` with its Prometheus exporter, advisory, no actuator) watching that
 engine, evaluates dashboards/alerts.yml, and EVERY query of dashboards/spectuner.json — panels,
-annotations, template variables — returns data.
+annotations, template variables — returns data (the Fleet row's too: the sidecar exports the fleet view,
+a group of one engine).
 
 The sidecar's database starts with some history (an earlier verified change, a collector failure, and
 the tap's request records of long contexts on which the draft's acceptance collapsed), as a sidecar
@@ -170,6 +171,9 @@ evidence_window_s = 30.0
 window_s = 20.0
 refresh_interval_s = 1.0
 length_refresh_s = 1.0
+fleet = true
+fleet_window_s = 20.0
+fleet_refresh_s = 1.0
 
 [exporters.prometheus]
 enabled = true
@@ -337,6 +341,14 @@ def test_every_dashboard_query_returns_data(
     assert by_band["0-512"] > 0.8 and by_band["1024-2048"] < 0.4, by_band
     assert latest("spectuner_context_length_collapse") == {"": 1.0}
     assert latest("spectuner_speculation_cutoff_context_tokens") == {"": 1024.0}
+
+    # The fleet row: this one engine is a group of one, not an outlier of itself.
+    fleet_rows = _range(base, "spectuner_fleet_group_engines", time.time() - 5, time.time())
+    assert [(r["metric"]["model_name"], r["metric"]["method"], float(r["values"][-1][1])) for r in fleet_rows] == [
+        (lab_engine.model_name, "draft_model", 1.0)
+    ]
+    assert {float(r["values"][-1][1]) for r in _range(base, "spectuner_fleet_outlier", time.time() - 5, time.time())
+            } == {0.0}
 
     for q in DQ.queries():
         if q.kind == "variable":

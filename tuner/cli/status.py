@@ -130,6 +130,7 @@ def gather(
     """The status document (the ``--json`` output)."""
     from policies.acceptance import alpha_of_windows
     from tuner.controller import manual
+    from tuner.fleet import changes_in_flight
     from tuner.store.lengths import context_length_view
     from tuner.store.url import render_url
 
@@ -212,21 +213,6 @@ def gather(
         "pending_overrides": [decision_view(d) for d in overrides],
         "engines": engines,
     }
-
-
-def changes_in_flight(store: Any) -> list[Any]:
-    """Changes and overrides applied (or being applied) and not yet verified or rolled back: what
-    `status` calls pending, per engine and for the fleet."""
-    from tuner.controller import manual
-    from tuner.controller.audit import CHANGE
-    from tuner.store import DecisionStatus
-
-    return [
-        d
-        for status in (DecisionStatus.APPLYING, DecisionStatus.APPLIED)
-        for d in store.decisions(status=status)
-        if d.decision.action in (CHANGE, manual.OVERRIDE)
-    ]
 
 
 def _length_edges(text: str | None) -> tuple[int, ...] | None:

@@ -10,45 +10,25 @@ from typing import Any
 from tuner.cli.common import iso, out_console, say
 
 
-def engine_name(key: Any) -> str:
-    """One engine series as one string: its /metrics URL and vLLM's engine label."""
-    return f"{key.url}#{key.engine}"
-
-
 def gather_fleet(store: Any, now: datetime, window_s: float, confidence: float = 0.95) -> dict[str, Any]:
     """The fleet document (the ``--fleet --json`` output)."""
-    from policies.fleet import EngineWindows, FleetSettings, fleet_prior, group_fleet
-    from tuner.cli.status import changes_in_flight, config_view, decision_view
-    from tuner.controller import manual
+    from policies.fleet import FleetSettings, fleet_prior
+    from tuner.cli.status import config_view, decision_view
+    from tuner.fleet import engine_name, read_fleet
     from tuner.store.url import render_url
 
     since = now - timedelta(seconds=window_s)
-    until = now + timedelta(microseconds=1)
-    in_flight = changes_in_flight(store)
-    members: list[EngineWindows] = []
+    fleet = read_fleet(store, since, now + timedelta(microseconds=1), FleetSettings(confidence=confidence))
     info: dict[str, dict[str, Any]] = {}
-    unknown = []
-    for stored in store.engines():
-        key = stored.key
-        name = engine_name(key)
-        current = store.current_config(key)
-        view = {"name": name, "url": key.url, "model_name": key.model_name, "engine": key.engine}
-        if current is None:
-            unknown.append({**view, "message": "no config recorded yet: not grouped"})
-            continue
-        started = current.config.started_at
-        # the config in force's windows only, as `status` and the controller read α̂
-        windows = tuple(w.spec for w in store.windows(key, since, until) if w.spec is not None and w.start >= started)
-        members.append(EngineWindows(name, key.model_name, current.config.spec, windows))
+    for name, e in fleet.engines.items():
         info[name] = {
-            **view,
-            "config": config_view(store, current),
-            "windows": len(windows),
-            "pending": [decision_view(d) for d in in_flight if d.decision.engine == key],
+            **_engine_view(e.key, name),
+            "config": config_view(store, e.config),
+            "windows": e.windows,
+            "pending": [decision_view(d) for d in e.pending],
         }
-    groups = group_fleet(members, FleetSettings(confidence=confidence))
     out = []
-    for g in groups:
+    for g in fleet.groups:
         checks = {c.engine: c for c in g.checks}
         engines = []
         for a in g.engines:
@@ -69,7 +49,7 @@ def gather_fleet(store: Any, now: datetime, window_s: float, confidence: float =
                     },
                 }
             )
-        prior = fleet_prior(members, g.key.target, (g.key.method, g.key.draft_model))
+        prior = fleet_prior(fleet.members, g.key.target, (g.key.method, g.key.draft_model))
         out.append(
             {
                 "target": g.key.target,
@@ -91,18 +71,26 @@ def gather_fleet(store: Any, now: datetime, window_s: float, confidence: float =
                 "message": g.message,
             }
         )
+    unknown = [
+        {**_engine_view(key, engine_name(key)), "message": "no config recorded yet: not grouped"}
+        for key in fleet.ungrouped
+    ]
     return {
         "db": render_url(store.url),
         "now": iso(now),
         "window_s": window_s,
         "confidence": confidence,
-        "engines": len(members) + len(unknown),
+        "engines": len(fleet.members) + len(unknown),
         "groups": out,
         "ungrouped": unknown,
         # a change or override without an engine applies to every engine the sidecar drives
-        "pending_for_all": [decision_view(d) for d in in_flight if d.decision.engine is None],
-        "pending_overrides": [decision_view(d) for d in manual.pending_overrides(store)],
+        "pending_for_all": [decision_view(d) for d in fleet.pending_for_all],
+        "pending_overrides": [decision_view(d) for d in fleet.pending_overrides],
     }
+
+
+def _engine_view(key: Any, name: str) -> dict[str, Any]:
+    return {"name": name, "url": key.url, "model_name": key.model_name, "engine": key.engine}
 
 
 def print_fleet(data: dict[str, Any]) -> None:

@@ -49,6 +49,9 @@ class ExportService:
             length_window_s=settings.length_window_s,
             length_refresh_s=settings.length_refresh_s,
             confidence=confidence,
+            fleet=settings.fleet,
+            fleet_window_s=settings.fleet_window_s,
+            fleet_refresh_s=settings.fleet_refresh_s,
         )
         self._samples: list[Sample] = []
         self._lock = threading.Lock()

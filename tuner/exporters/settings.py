@@ -1,4 +1,4 @@
-"""The ``[exporters]`` config: window and refresh, ``[exporters.prometheus]``, ``[exporters.otlp]``."""
+"""The ``[exporters]`` config: window and refresh, the fleet view, ``[exporters.prometheus]``, ``[exporters.otlp]``."""
 
 from __future__ import annotations
 
@@ -64,6 +64,14 @@ class ExportersSection(_Section):
     )
     length_refresh_s: float = Field(
         default=60.0, gt=0, description="how often those bands are re-read (each read scans that window's requests)"
+    )
+    fleet: bool = Field(
+        default=False,
+        description="export the fleet view (every engine in the database, grouped): one sidecar of the fleet is enough",
+    )
+    fleet_window_s: float = Field(default=300.0, gt=0, description="fleet α̂ over windows of the last N s")
+    fleet_refresh_s: float = Field(
+        default=60.0, gt=0, description="how often the fleet is re-read (each read scans every engine's window)"
     )
     prometheus: PrometheusSection = Field(default_factory=PrometheusSection)
     otlp: OtlpSection = Field(default_factory=OtlpSection)

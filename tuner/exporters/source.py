@@ -15,6 +15,7 @@ from typing import Any, cast
 from sqlalchemy import Table, select
 
 from collectors.records import EngineKey
+from policies.fleet import FleetSettings
 from policies.length_bands import LengthView
 from tuner.controller.evidence import summarize
 from tuner.exporters.values import (
@@ -23,9 +24,12 @@ from tuner.exporters.values import (
     CounterTotals,
     EngineLabels,
     EngineSnapshot,
+    FleetSnapshot,
     Sample,
     engine_samples,
+    fleet_samples,
 )
+from tuner.fleet import read_fleet
 from tuner.store import Store
 from tuner.store import deliveries as D
 from tuner.store.lengths import context_length_view
@@ -60,6 +64,9 @@ class StoreSource:
         confidence: float = 0.95,
         length_window_s: float = 3600.0,
         length_refresh_s: float = 60.0,
+        fleet: bool = False,
+        fleet_window_s: float = 300.0,
+        fleet_refresh_s: float = 60.0,
     ) -> None:
         self.store = store
         self.metrics_url = metrics_url
@@ -70,6 +77,10 @@ class StoreSource:
         self.length_window_s = length_window_s
         self.length_refresh_s = length_refresh_s
         self._length_cache: dict[str, tuple[datetime, LengthView | None]] = {}
+        self.fleet = fleet
+        self.fleet_window_s = fleet_window_s
+        self.fleet_refresh_s = fleet_refresh_s
+        self._fleet_cache: tuple[datetime, FleetSnapshot] | None = None
         self.totals = CounterTotals()
         self._cur = _Cursors()
 
@@ -140,6 +151,22 @@ class StoreSource:
         result = view if view.bands and any(b.requests for b in view.bands) else None
         self._length_cache[model_name] = (now, result)
         return result
+
+    def fleet_snapshot(self, now: datetime) -> FleetSnapshot:
+        """Every engine of the database grouped (not only this sidecar's), over the last ``fleet_window_s``,
+        read at most once per ``fleet_refresh_s`` (each read scans every engine's windows)."""
+        cached = self._fleet_cache
+        if cached is not None and (now - cached[0]).total_seconds() < self.fleet_refresh_s:
+            return cached[1]
+        since, until = now - timedelta(seconds=self.fleet_window_s), now + timedelta(microseconds=1)
+        fleet = read_fleet(self.store, since, until, FleetSettings(confidence=self.confidence))
+        snap = FleetSnapshot(
+            groups=fleet.groups,
+            keys={name: e.key for name, e in fleet.engines.items()},
+            pending={g.key: len(fleet.pending_of(g)) for g in fleet.groups},
+        )
+        self._fleet_cache = (now, snap)
+        return snap
 
     def server_state(self, server_ids: Sequence[int]) -> tuple[tuple[float | None, float | None], bool]:
         """What holds for the whole server: the last verified change's gains, and whether it is up."""
@@ -233,6 +260,8 @@ class StoreSource:
         for eid, key in engines:
             snap = self.snapshot(eid, key, by_url[key.url], now, servers[key.url])
             out.extend(engine_samples(snap, cost_ratio=self.cost_ratio, confidence=self.confidence))
+        if self.fleet:
+            out.extend(fleet_samples(self.fleet_snapshot(now)))
         self.advance_counters()
         out.extend(self.totals.samples([key for _, key in engines]))
         return out

@@ -17,11 +17,16 @@ from typing import Any, Literal
 from collectors.records import EngineKey
 from policies.acceptance import alpha_of_windows
 from policies.counters import SpecCounters
+from policies.fleet import FleetGroup, GroupKey
 from policies.length_bands import LengthView
 from policies.spec_config import SpecConfig
 
 Kind = Literal["gauge", "counter"]
 BASE_LABELS = ("engine", "model_name")
+# A fleet group (policies.fleet.GroupKey): model_name is its target, config its fingerprint (vLLM's JSON).
+GROUP_LABELS = ("model_name", "method", "draft", "config")
+# An engine of a group: its /metrics URL and vLLM's engine label name it across the fleet.
+GROUP_ENGINE_LABELS = (*GROUP_LABELS, "metrics_url", "engine")
 
 
 @dataclass(frozen=True)
@@ -31,10 +36,11 @@ class MetricSpec:
     help: str
     unit: str = ""
     extra_labels: tuple[str, ...] = ()
+    base_labels: tuple[str, ...] = BASE_LABELS
 
     @property
     def labels(self) -> tuple[str, ...]:
-        return BASE_LABELS + self.extra_labels
+        return self.base_labels + self.extra_labels
 
 
 METRICS: dict[str, MetricSpec] = {
@@ -110,6 +116,50 @@ METRICS: dict[str, MetricSpec] = {
             "Alert deliveries by sink and outcome",
             "",
             ("sink", "outcome"),
+        ),
+        # the fleet view ([exporters] fleet = true): engines grouped by (target, draft, config)
+        MetricSpec(
+            "spectuner_fleet_group_alpha",
+            "gauge",
+            "Pooled alpha-hat of a fleet group (every window of its engines)",
+            base_labels=GROUP_LABELS,
+        ),
+        MetricSpec(
+            "spectuner_fleet_group_alpha_lower",
+            "gauge",
+            "Lower end of the group's pooled alpha-hat interval, widened by sqrt(phi) for the variation among engines",
+            base_labels=GROUP_LABELS,
+        ),
+        MetricSpec(
+            "spectuner_fleet_group_alpha_upper",
+            "gauge",
+            "Upper end of the group's pooled alpha-hat interval, widened by sqrt(phi)",
+            base_labels=GROUP_LABELS,
+        ),
+        MetricSpec(
+            "spectuner_fleet_group_dispersion",
+            "gauge",
+            "Quasi-binomial dispersion phi of acceptance between the group's engines (1: binomial)",
+            base_labels=GROUP_LABELS,
+        ),
+        MetricSpec("spectuner_fleet_group_engines", "gauge", "Engines in the fleet group", base_labels=GROUP_LABELS),
+        MetricSpec(
+            "spectuner_fleet_group_pending_changes",
+            "gauge",
+            "Changes in flight and overrides proposed on the group's engines",
+            base_labels=GROUP_LABELS,
+        ),
+        MetricSpec(
+            "spectuner_fleet_engine_alpha",
+            "gauge",
+            "alpha-hat of one engine of a fleet group (over the fleet window)",
+            base_labels=GROUP_ENGINE_LABELS,
+        ),
+        MetricSpec(
+            "spectuner_fleet_outlier",
+            "gauge",
+            "1 when the engine's alpha-hat is far from the rest of its group (an outlier), else 0",
+            base_labels=GROUP_ENGINE_LABELS,
         ),
     )
 }
@@ -204,6 +254,51 @@ def engine_samples(snap: EngineSnapshot, *, cost_ratio: float, confidence: float
         if usable:
             put("spectuner_context_length_collapse", 1.0 if snap.lengths.collapse else 0.0)
         put("spectuner_speculation_cutoff_context_tokens", snap.lengths.cutoff_tokens)
+    return out
+
+
+# --- the fleet --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FleetSnapshot:
+    """The fleet's groups (``tuner.fleet.read_fleet``) with what the gauges need beside them."""
+
+    groups: tuple[FleetGroup, ...]
+    keys: Mapping[str, EngineKey]  # engine name (as the groups use it) → its series
+    pending: Mapping[GroupKey, int]  # changes in flight and overrides proposed, per group
+
+
+def fleet_samples(snap: FleetSnapshot) -> list[Sample]:
+    """The fleet gauges: per group its pooled α̂, widened interval, φ, engines and pending changes; per
+    engine of a group its α̂ and outlier flag. A figure that cannot be computed is left out."""
+    out: list[Sample] = []
+    for g in snap.groups:
+        group = (
+            ("model_name", g.key.target),
+            ("method", g.key.method),
+            ("draft", g.key.draft_model or ""),
+            ("config", g.key.fingerprint),
+        )
+
+        def put(name: str, value: float | None, labels: tuple[tuple[str, str], ...] = group) -> None:
+            if value is not None and _finite(float(value)):
+                out.append(Sample(name, labels, float(value)))
+
+        put("spectuner_fleet_group_alpha", g.alpha)
+        if g.alpha_ci is not None:
+            put("spectuner_fleet_group_alpha_lower", g.alpha_ci[0])
+            put("spectuner_fleet_group_alpha_upper", g.alpha_ci[1])
+        if g.alpha is not None:
+            put("spectuner_fleet_group_dispersion", g.dispersion.dispersion)
+        put("spectuner_fleet_group_engines", len(g.engines))
+        put("spectuner_fleet_group_pending_changes", snap.pending.get(g.key, 0))
+        flagged = {c.engine for c in g.outliers}
+        for a in g.engines:
+            key = snap.keys[a.engine]
+            engine = (*group, ("metrics_url", key.url), ("engine", key.engine))
+            put("spectuner_fleet_engine_alpha", a.estimate.alpha, engine)
+            put("spectuner_fleet_outlier", 1.0 if a.engine in flagged else 0.0, engine)
     return out
 
 

@@ -12,6 +12,7 @@ Every figure of the HTML page comes from one :class:`ReportData`, which is also 
 - goodput against K: busy windows (generated tokens > 0, no counter reset) grouped by the K they ran
   at; goodput = generated tokens / window duration. The K in force at the end of the range is marked.
 - predicted against realized gain: decisions that carry both.
+- the fleet: engines grouped by (target, draft, config), pooled α̂, outliers (``tuner.report.fleet``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from policies.acceptance import (
 )
 from policies.counters import SpecCounters
 from policies.spec_config import SpecConfig
+from tuner.report.fleet import FleetSection, fleet_section
 from tuner.store import Store, StoredConfig, StoredDecision
 from tuner.store.lengths import context_length_view
 from tuner.store.shadow import latest_shadow_results
@@ -176,6 +178,7 @@ class ReportData:
     # engine label -> α by context length over the range (policies.length_bands.LengthView.to_dict)
     context_length: dict[str, dict[str, Any]] = field(default_factory=dict)
     shadow: list[dict[str, Any]] = field(default_factory=list)  # each candidate's newest shadow result
+    fleet: FleetSection = field(default_factory=FleetSection)
     missing: dict[str, str] = field(default_factory=dict)  # section -> why it is empty
     notes: dict[str, str] = field(default_factory=dict)  # section -> what a drawn figure leaves out
 
@@ -302,6 +305,7 @@ def gather(
         if any(b.requests for b in view.bands):
             data.context_length[labels[key]] = view.to_dict()
     data.shadow = [r.to_json() for r in latest_shadow_results(store).values()]
+    data.fleet = fleet_section(store, since, until, labels, CONFIDENCE)
     data.missing = _missing(data)
     data.notes = _notes(data)
     return data
@@ -560,6 +564,11 @@ def _missing(data: ReportData) -> dict[str, str]:
     if not data.configs and not data.k_points:
         missing["timeline"] = (
             "No configs recorded and no windows: nothing to show. `spectuner run` records the config in force."
+        )
+    if not data.fleet.groups:
+        missing["fleet"] = (
+            "No engine with a recorded config: the fleet groups engines by the config in force, which "
+            "`spectuner run` records."
         )
     if not data.decisions:
         missing["decisions"] = (

@@ -6,7 +6,8 @@ import base64
 from datetime import datetime
 from html import escape
 
-from tuner.report.data import ReportData
+from tuner.report.data import ReportData, describe_config
+from tuner.report.fleet import FleetEngineRow, FleetPending
 
 _CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 2rem auto;
@@ -20,6 +21,7 @@ table { border-collapse: collapse; font-size: 0.85rem; margin-top: 0.6rem; }
 th, td { border: 1px solid #ddd; padding: 0.25rem 0.5rem; text-align: left; vertical-align: top; }
 th { background: #f4f4f4; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
 .status-verified { color: #2ca02c; } .status-rolled_back, .status-failed { color: #c00; }
+tr.outlier td.engine, span.outlier { color: #c00; font-weight: bold; }
 .sev-critical { color: #c00; font-weight: bold; } .sev-warning { color: #b36b00; }
 """
 
@@ -94,6 +96,7 @@ def render(data: ReportData, images: dict[str, bytes | None]) -> str:
             parts.append(f'<p class="missing" id="missing-{section}">{escape(reason)}</p>')
         if section == "gains":
             parts.append(_decisions_table(data))
+    parts.append(_fleet_table(data))
     parts.append(_lengths_table(data))
     parts.append(_shadow_table(data))
     parts.append(_events_table(data))
@@ -135,6 +138,74 @@ def _decisions_table(data: ReportData) -> str:
 
 def _ci(ci: list[float] | None) -> str:
     return "—" if not ci else f"[{ci[0]:.3f}, {ci[1]:.3f}]"
+
+
+def _alpha_ci(alpha: float | None, lo: float | None, hi: float | None) -> str:
+    if alpha is None:
+        return "—"
+    return f"{alpha:.3f}" + ("" if lo is None or hi is None else f" [{lo:.3f}, {hi:.3f}]")
+
+
+def _engine_cell(e: FleetEngineRow) -> str:
+    flag = ' <span class="outlier">OUTLIER</span>' if e.verdict == "outlier" else ""
+    return f"{escape(e.engine)}: {_alpha_ci(e.alpha, e.alpha_lower, e.alpha_upper)}{flag}"
+
+
+def _pending_text(p: FleetPending) -> str:
+    what = describe_config(p.proposed_config)
+    return (
+        f"#{p.id} {escape(p.action)} {escape(p.status)}" + (f" → {escape(what)}" if what else "")
+        + (f" on {escape(p.engine)}" if p.engine else "")
+    )
+
+
+def _fleet_table(data: ReportData) -> str:
+    fleet = data.fleet
+    parts = [
+        '<h2 id="fleet">Fleet: engines grouped by (target, draft, config)</h2>',
+        f"<p>Engines that run the same config on the same target model should accept alike. Per group: the "
+        f"pooled α̂ over every window of the range under the config each engine had at its end, with its "
+        f"{data.confidence:.0%} interval widened by √φ (φ: the quasi-binomial dispersion between the "
+        "engines; replicas behind one router still see different prompts); each engine's own α̂ and "
+        "interval; outliers — an engine whose α̂ is far from the rest of its group (a two-proportion test "
+        "against the others, Bonferroni over the group, and at least 0.05 apart), judged with 3 or more "
+        "engines; and the changes in flight on its engines when the report was generated.</p>",
+    ]
+    if not fleet.groups:
+        parts.append(f'<p class="missing" id="missing-fleet">{escape(data.missing.get("fleet", ""))}</p>')
+    else:
+        engines = sum(len(g.engines) for g in fleet.groups)
+        if engines == 1:
+            parts.append(
+                '<p class="note" id="fleet-one-engine">One engine: its group\'s α̂ is its own, and there is '
+                "no other engine to call it an outlier against.</p>"
+            )
+        head = (
+            "<tr><th>target</th><th>draft</th><th>config</th><th>engines (α̂ [interval])</th>"
+            "<th>pooled α̂ [interval]</th><th>φ</th><th>outliers</th><th>pending changes</th></tr>"
+        )
+        rows = []
+        for g in fleet.groups:
+            members = "<br>".join(_engine_cell(e) for e in g.engines)
+            outliers = "<br>".join(
+                f'<span class="outlier">{escape(e.engine)}</span>: {escape(e.reason)}' for e in g.outliers
+            )
+            pending = "<br>".join(_pending_text(p) for p in g.pending)
+            rows.append(
+                f"<tr><td>{escape(g.target)}</td><td>{escape(g.draft_model or g.method)}</td>"
+                f"<td>{escape(g.config.removeprefix('config '))}</td><td>{len(g.engines)}: {members}</td>"
+                f'<td class="num">{_alpha_ci(g.alpha, g.alpha_lower, g.alpha_upper)}</td>'
+                f'<td class="num">{g.dispersion:.2f}</td><td>{outliers or "none"}</td>'
+                f"<td>{pending or '—'}</td></tr>"
+            )
+        parts.append(f'<table id="fleet-table">{head}{"".join(rows)}</table>')
+    if fleet.pending_for_all:
+        items = "; ".join(_pending_text(p) for p in fleet.pending_for_all)
+        parts.append(f'<p id="fleet-pending-all">Pending for every engine: {items}</p>')
+    if fleet.ungrouped:
+        names = ", ".join(escape(n) for n in fleet.ungrouped)
+        parts.append(f'<p class="note" id="fleet-ungrouped">Not grouped (no config recorded yet): {names}</p>')
+    return "".join(parts)
 
 
 def _lengths_table(data: ReportData) -> str:

@@ -4,6 +4,7 @@ exporter's own table) or one vLLM serves (a real saved /metrics page of the lab 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import yaml
@@ -13,6 +14,7 @@ from tuner.exporters.values import METRICS
 
 VLLM_PAGE = Path(__file__).resolve().parents[3] / "data" / "lab_good_k3_loaded.prom"
 DS = {"type": "prometheus", "uid": "${datasource}"}
+SELECTOR = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\{([^}]*)\}")
 
 
 def _vllm_names() -> set[str]:
@@ -44,10 +46,14 @@ def test_every_panel_query_uses_the_datasource_variable_and_filters() -> None:
         assert p["targets"], p["title"]
         for t in p["targets"]:
             assert t["datasource"] == DS, (p["title"], t["refId"])
-            # Each metric selector carries the dashboard's filters (some queries name two metrics).
-            selectors = t["expr"].count("{")
-            assert t["expr"].count('model_name=~"$model_name"') == selectors, (p["title"], t["expr"])
-            assert t["expr"].count('engine=~"$engine"') == selectors, (p["title"], t["expr"])
+            # Each metric selector carries the dashboard's filters (some queries name two metrics); a fleet
+            # group's series have no engine (one series per group), so they filter by model only.
+            selectors = SELECTOR.findall(t["expr"])
+            assert len(selectors) == t["expr"].count("{"), (p["title"], t["expr"])
+            for metric, matchers in selectors:
+                assert 'model_name=~"$model_name"' in matchers, (p["title"], t["expr"])
+                engine = METRICS[metric].labels if metric in METRICS else ("engine",)
+                assert ('engine=~"$engine"' in matchers) == ("engine" in engine), (p["title"], t["expr"])
 
 
 def test_panels_do_not_overlap() -> None:
@@ -72,6 +78,14 @@ def test_the_issue_asks_for_these_views() -> None:
         "spectuner_decisions_total",
         "spectuner_effective_throughput_tokens_per_second",
         "spectuner_speculation_overhead_ratio",
+        # the fleet row: groups' pooled α̂ with its interval, engines per group, outliers
+        "spectuner_fleet_group_alpha{",
+        "spectuner_fleet_group_alpha_lower",
+        "spectuner_fleet_group_alpha_upper",
+        "spectuner_fleet_group_engines",
+        "spectuner_fleet_group_pending_changes",
+        "spectuner_fleet_engine_alpha",
+        "spectuner_fleet_outlier",
     ):
         assert needed in exprs, needed
     alpha_panel = next(p for p in DQ.panels(DQ.load()) if "spectuner_alpha{" in str(p.get("targets")))
@@ -80,6 +94,18 @@ def test_the_issue_asks_for_these_views() -> None:
     assert any(s["value"] == 0.4 for s in steps), "the α̂ panel draws the 0.4 line"
     annotations = [a for a in DQ.load()["annotations"]["list"] if "expr" in a]
     assert any("spectuner_decisions_total" in a["expr"] for a in annotations)
+
+
+def test_fleet_queries_fold_the_copies_every_sidecar_exports() -> None:
+    """Each sidecar with ``[exporters] fleet = true`` exports the same fleet series (only its instance
+    differs): every fleet query takes ``max by`` exactly the metric's own labels."""
+    fleet = [q for q in DQ.queries() if "spectuner_fleet_" in q.expr]
+    assert len(fleet) >= 6
+    for q in fleet:
+        (metric,) = DQ.metric_names(q.expr)
+        by = re.match(r"^max by \(([^)]*)\) \(", q.expr)
+        assert by is not None, q.where
+        assert tuple(x.strip() for x in by.group(1).split(",")) == METRICS[metric].labels, q.where
 
 
 def test_every_metric_named_exists() -> None:

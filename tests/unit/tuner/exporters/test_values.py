@@ -226,3 +226,63 @@ def test_context_length_gauges_carry_each_usable_band_the_collapse_and_the_cutof
     assert flat["spectuner_speculation_cutoff_context_tokens"] == 16384.0
     quiet = values(engine_samples(snap(), cost_ratio=0.05))
     assert "spectuner_context_length_collapse" not in quiet and "spectuner_alpha_by_context_length" not in quiet
+
+
+def test_fleet_gauges_carry_each_group_its_engines_and_the_outlier() -> None:
+    """Per group: the pooled α̂ with its √φ-widened interval, φ, engines and pending changes, labelled by
+    (target, method, draft, config); per engine its α̂ and an outlier flag (1 only for the far one). Every
+    family's exposition has exactly the labels the metric table declares."""
+    from bench.research.simulate import simulate_counters
+    from policies.fleet import EngineWindows, GroupKey, group_fleet
+    from tuner.exporters.values import GROUP_ENGINE_LABELS, GROUP_LABELS, METRICS, FleetSnapshot, fleet_samples
+
+    rng = np.random.default_rng(5)
+    config = SpecConfig("draft_model", "/m/good", 3)
+    truths = {"a": 0.72, "b": 0.70, "c": 0.71, "d": 0.40}
+    members = [
+        EngineWindows(f"http://{n}:8000/metrics#0", "llama", config,
+                      tuple(simulate_counters(rng, alpha, 3, 400) for _ in range(6)))
+        for n, alpha in truths.items()
+    ]
+    members.append(EngineWindows("http://e:8000/metrics#0", "llama", SpecConfig("ngram", None, 2), ()))
+    groups = group_fleet(members)
+    keys = {m.engine: EngineKey(m.engine.split("#")[0], "llama", "0") for m in members}
+    out = fleet_samples(FleetSnapshot(groups, keys, {GroupKey.of(members[0]): 2}))
+
+    big, idle = groups
+    assert big.alpha is not None and big.alpha_ci is not None
+    group = {"model_name": "llama", "method": "draft_model", "draft": "/m/good", "config": config.fingerprint}
+    got = {(s.name, tuple(sorted(s.labels))): s.value for s in out}
+
+    def at(name: str, labels: dict[str, str]) -> float:
+        return got[(name, tuple(sorted(labels.items())))]
+
+    assert at("spectuner_fleet_group_alpha", group) == pytest.approx(big.alpha)
+    assert at("spectuner_fleet_group_alpha_lower", group) == pytest.approx(big.alpha_ci[0])
+    assert at("spectuner_fleet_group_alpha_upper", group) == pytest.approx(big.alpha_ci[1])
+    assert at("spectuner_fleet_group_dispersion", group) == pytest.approx(big.dispersion.dispersion)
+    assert at("spectuner_fleet_group_engines", group) == 4
+    assert at("spectuner_fleet_group_pending_changes", group) == 2
+    flags = {dict(s.labels)["metrics_url"]: s.value for s in out if s.name == "spectuner_fleet_outlier"}
+    assert flags == {"http://a:8000/metrics": 0, "http://b:8000/metrics": 0, "http://c:8000/metrics": 0,
+                     "http://d:8000/metrics": 1, "http://e:8000/metrics": 0}
+    d = {**group, "metrics_url": "http://d:8000/metrics", "engine": "0"}
+    assert at("spectuner_fleet_engine_alpha", d) == pytest.approx(big.engines[3].estimate.alpha)
+    # the ngram engine without windows: its group is counted, its α̂ left out (no false 0)
+    ngram = {"model_name": "llama", "method": "ngram", "draft": "", "config": idle.key.fingerprint}
+    assert at("spectuner_fleet_group_engines", ngram) == 1 and at("spectuner_fleet_group_pending_changes", ngram) == 0
+    assert not [s for s in out if s.name.startswith("spectuner_fleet_group_alpha") and dict(s.labels) == ngram]
+    for s in out:
+        want = GROUP_LABELS if s.name.startswith("spectuner_fleet_group_") else GROUP_ENGINE_LABELS
+        assert METRICS[s.name].labels == want and tuple(k for k, _ in s.labels) == want
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = generate_latest(PrometheusExporter(lambda: out).registry).decode()
+    scraped = {
+        (x.name, tuple(sorted(x.labels.items()))): x.value
+        for family in text_string_to_metric_families(text)
+        for x in family.samples
+    }
+    assert scraped[("spectuner_fleet_outlier", tuple(sorted(d.items())))] == 1.0  # the JSON config survives
+    assert scraped[("spectuner_fleet_group_engines", tuple(sorted(group.items())))] == 4
