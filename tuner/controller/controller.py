@@ -467,6 +467,7 @@ class Controller:
         message = judgement.message()
         decision = judgement.verdict.decision
         if decision is CanaryDecision.UNDECIDED:
+            log.info("controller %s: canary decision %d: %s", self.settings.metrics_url, d.id, message)
             return TickResult("hold", "canary_undecided", message, d.id)
         target = d.decision.proposed
         if decision is CanaryDecision.ROLLBACK or target is None:

@@ -53,11 +53,16 @@ class LoopSettings:
     cooldown_s: float = 30.0
     verify_window_s: float = 40.0
     restart_downtime_s: float = 90.0
+    startup_timeout_s: float = 300.0  # an engine start slower than this fails (and is rolled back)
     # The front door (docs/controller.md "Changes without an outage"): a tap inside the daemon on this
     # port, which clients and the collector use; None: clients talk to the engine (plain restarts).
     front_door_port: int | None = None
     blue_green_port: int | None = None  # with the front door: auto picks blue/green (CPU: it fits)
     strategy: str = "auto"
+    # Or a separate tap shared by several replicas (one sidecar each): its control URL and token file.
+    control_url: str | None = None
+    control_token_file: str | None = None
+    canary: Mapping[str, Any] | None = None  # the [canary] table (docs/fleet.md), None: left out
 
 
 def _toml_value(value: Any) -> str:
@@ -101,7 +106,7 @@ def lab_daemon_config(
         _table("actuator", {"kind": "restart", "strategy": settings.strategy}),
         _table(
             "actuator.restart",
-            {"argv": bare.argv(), "startup_timeout_s": 300.0, "shutdown_timeout_s": 5.0,
+            {"argv": bare.argv(), "startup_timeout_s": settings.startup_timeout_s, "shutdown_timeout_s": 5.0,
              "log_path": str(log_path or server.log_path), "pass_shutdown_timeout": False,
              "env": server.env()},
         ),
@@ -145,6 +150,16 @@ def lab_daemon_config(
                  } if settings.blue_green_port and server.port else None},
             )
         )
+    if settings.control_url is not None:
+        parts.append(
+            _table(
+                "actuator.front_door",
+                {"engine_url": server.base_url, "control_url": settings.control_url,
+                 "control_token_file": settings.control_token_file, "drain_timeout_s": 60.0},
+            )
+        )
+    if settings.canary is not None:
+        parts.append(_table("canary", settings.canary))
     for name in settings.candidates:
         info = manifest.drafts[name]
         parts.append(
