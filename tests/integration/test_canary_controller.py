@@ -16,6 +16,7 @@ from tests.fakes import FakeClock
 from tests.integration.test_controller import K2, K8, FakeActuator, config_record, iid
 from tuner.config import CanarySection, ControllerSection, GuardrailsSection, Mode, PolicySection
 from tuner.controller import manual
+from tuner.controller.audit import TickResult
 from tuner.controller.canary import CanaryPlan, contested, error_samples, plan_of, upstream_of
 from tuner.controller.controller import Controller
 from tuner.controller.settings import ControllerSettings, PolicySettings
@@ -88,6 +89,17 @@ def start_canary(store: Store, clock: FakeClock, canary: Replica, others: list[R
     return order
 
 
+def judge_after(store: Store, clock: FakeClock, replicas: list[Replica], order: int, canary_rate: float) -> TickResult:
+    """Two minutes of windows after the canary's apply (the canary, replicas[0], at ``canary_rate``, the
+    untouched ones at 100 tokens/s), then the canary's verify tick."""
+    applied_at = store.decision(order).updated_at
+    for i, r in enumerate(replicas):
+        write(store, r.key, applied_at, 12, canary_rate if i == 0 else 100.0, phase=i)
+    clock.now = applied_at + timedelta(seconds=120)
+    [verdict] = replicas[0].controller.verify(clock())
+    return verdict
+
+
 def test_a_better_change_is_promoted_to_the_untouched_replicas(fleet: tuple[Store, FakeClock, list[Replica]]) -> None:
     store, clock, (a, b, c) = fleet
     order = start_canary(store, clock, a, [b, c])
@@ -95,11 +107,7 @@ def test_a_better_change_is_promoted_to_the_untouched_replicas(fleet: tuple[Stor
     manual.request_override(store, clock(), {**K2, "num_speculative_tokens": 3}, engine=b.key)
     held = b.controller.decide(clock())
     assert held.action == "blocked" and "canary of this target runs on" in held.message
-    applied_at = store.decision(order).updated_at
-    for i, r in enumerate((a, b, c)):
-        write(store, r.key, applied_at, 12, 120.0 if r is a else 100.0, phase=i)
-    clock.now = applied_at + timedelta(seconds=120)
-    [verdict] = a.controller.verify(clock())
+    verdict = judge_after(store, clock, [a, b, c], order, canary_rate=120.0)
     assert verdict.reason == "canary_promoted", verdict.message
     assert "ttft_p99, tpot_p99, error_rate" in verdict.message  # no data on either side: left out, said so
     row = store.decision(order)
@@ -121,11 +129,7 @@ def test_a_better_change_is_promoted_to_the_untouched_replicas(fleet: tuple[Stor
 def test_a_worse_change_is_rolled_back_on_the_canary_alone(fleet: tuple[Store, FakeClock, list[Replica]]) -> None:
     store, clock, (a, b, c) = fleet
     order = start_canary(store, clock, a, [b, c])
-    applied_at = store.decision(order).updated_at
-    for i, r in enumerate((a, b, c)):
-        write(store, r.key, applied_at, 12, 70.0 if r is a else 100.0, phase=i)
-    clock.now = applied_at + timedelta(seconds=120)
-    [verdict] = a.controller.verify(clock())
+    verdict = judge_after(store, clock, [a, b, c], order, canary_rate=70.0)
     assert verdict.action == "rolled_back", verdict.message
     assert "critical metric failed" in verdict.message
     assert a.actuator.applied == [K8, K2] and a.actuator.current == K2

@@ -14,9 +14,7 @@ controller, which is the decision the dashboard's annotation must show.
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -40,6 +38,8 @@ from tuner.lab.serve import LabServer
 from tuner.report import write_report
 from tuner.store import DecisionRecord, DecisionStatus, Store, upgrade
 
+from .processes import spawn, stop
+
 SCRAPE_S = 1
 
 
@@ -59,22 +59,6 @@ def _wait(what: str, check: Any, timeout_s: float, proc: subprocess.Popen[bytes]
         time.sleep(0.25)
     tail = log.read_text()[-3000:] if log else ""
     pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}\n{tail}")
-
-
-def _spawn(argv: list[str], log: Path, cwd: Path) -> subprocess.Popen[bytes]:
-    """A server process in its own session (stopped by group), its output in ``log``."""
-    with log.open("wb") as out:
-        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=cwd)
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
 
 
 def _seed_history(url: str, key: EngineKey, now: datetime) -> None:
@@ -196,7 +180,7 @@ def sidecar(lab_engine: LabServer, lab_models: Manifest, tmp_path: Path) -> Iter
     config = tmp_path / "spectuner.toml"
     _sidecar_config(config, lab_engine, lab_models, db_url, port)
     log = tmp_path / "sidecar.log"
-    proc = _spawn([sys.executable, "-m", "tuner.cli.main", "run", "--config", str(config)], log, tmp_path)
+    proc = spawn([sys.executable, "-m", "tuner.cli.main", "run", "--config", str(config)], log, tmp_path)
     try:
         _wait(
             "the sidecar's exporter",
@@ -208,7 +192,7 @@ def sidecar(lab_engine: LabServer, lab_models: Manifest, tmp_path: Path) -> Iter
         print(f"sidecar up in {time.monotonic() - t0:.1f} s")
         yield db_url, port
     finally:
-        _stop(proc)
+        stop(proc)
     assert proc.returncode == 0, log.read_text()[-3000:]
 
 
@@ -219,13 +203,13 @@ def tap(lab_engine: LabServer, sidecar: tuple[str, int], tmp_path: Path) -> Iter
     log = tmp_path / "tap.log"
     argv = [sys.executable, "-m", "tuner.cli.main", "tap", "--upstream", lab_engine.base_url,
             "--listen", f"127.0.0.1:{port}", "--db", sidecar[0], "--metrics-url", lab_engine.metrics_url]
-    proc = _spawn(argv, log, tmp_path)
+    proc = spawn(argv, log, tmp_path)
     url = f"http://127.0.0.1:{port}"
     try:
         _wait("the tap", lambda: httpx.get(f"{url}/v1/models", timeout=10).status_code == 200, 60, proc, log)
         yield url
     finally:
-        _stop(proc)
+        stop(proc)
     assert proc.returncode == 0, log.read_text()[-3000:]
 
 
@@ -260,14 +244,14 @@ scrape_configs:
         f"--web.listen-address=127.0.0.1:{port}",
         "--storage.tsdb.retention.time=1h",
     ]
-    proc = _spawn(argv, log, tmp_path)
+    proc = spawn(argv, log, tmp_path)
     base = f"http://127.0.0.1:{port}"
     try:
         _wait("Prometheus to be ready", lambda: httpx.get(f"{base}/-/ready").status_code == 200, 30, proc, log)
         print(f"Prometheus ready in {time.monotonic() - t0:.1f} s")
         yield base
     finally:
-        _stop(proc)
+        stop(proc)
 
 
 def _range(base: str, expr: str, start: float, end: float) -> list[dict[str, Any]]:

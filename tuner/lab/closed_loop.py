@@ -54,6 +54,7 @@ class LoopSettings:
     verify_window_s: float = 40.0
     restart_downtime_s: float = 90.0
     startup_timeout_s: float = 300.0  # an engine start slower than this fails (and is rolled back)
+    argv_prefix: tuple[str, ...] = ()  # e.g. ("taskset", "-c", "0"): one core per replica, all its processes
     # The front door (docs/controller.md "Changes without an outage"): a tap inside the daemon on this
     # port, which clients and the collector use; None: clients talk to the engine (plain restarts).
     front_door_port: int | None = None
@@ -106,8 +107,8 @@ def lab_daemon_config(
         _table("actuator", {"kind": "restart", "strategy": settings.strategy}),
         _table(
             "actuator.restart",
-            {"argv": bare.argv(), "startup_timeout_s": settings.startup_timeout_s, "shutdown_timeout_s": 5.0,
-             "log_path": str(log_path or server.log_path), "pass_shutdown_timeout": False,
+            {"argv": [*settings.argv_prefix, *bare.argv()], "startup_timeout_s": settings.startup_timeout_s,
+             "shutdown_timeout_s": 5.0, "log_path": str(log_path or server.log_path), "pass_shutdown_timeout": False,
              "env": server.env()},
         ),
         _table(
