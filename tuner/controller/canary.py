@@ -105,10 +105,18 @@ def find_peers(
 
 def canaries_in_flight(store: Store, model_name: str, exclude: Sequence[EngineKey] = ()) -> list[StoredDecision]:
     """Canaries being applied or judged on engines serving ``model_name``, other than ``exclude``'s."""
+    in_flight = store.decisions(status=(DecisionStatus.APPLYING, DecisionStatus.APPLIED))
+    return canaries_among(in_flight, model_name, exclude)
+
+
+def canaries_among(
+    in_flight: Sequence[StoredDecision], model_name: str, exclude: Sequence[EngineKey] = ()
+) -> list[StoredDecision]:
+    """:func:`canaries_in_flight` from decisions already read (applying or applied)."""
     skip = {k.url for k in exclude}
     return [
         d
-        for d in store.decisions(status=(DecisionStatus.APPLYING, DecisionStatus.APPLIED))
+        for d in in_flight
         if plan_of(d) is not None
         and d.decision.engine is not None
         and d.decision.engine.model_name == model_name
@@ -287,6 +295,7 @@ __all__ = [
     "CANARY",
     "CanaryJudgement",
     "CanaryPlan",
+    "canaries_among",
     "canaries_in_flight",
     "contested",
     "error_samples",

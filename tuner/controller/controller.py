@@ -32,7 +32,7 @@ from tuner.actuators.base import Actuator
 from tuner.controller import manual
 from tuner.controller.apply import apply_config, in_force, roll_back
 from tuner.controller.audit import CHANGE, CHANGE_SOURCES, TickResult, record_configs, write_event
-from tuner.controller.canary import CANARY, CanaryPlan, canaries_in_flight, contested, find_peers, plan_of, promote
+from tuner.controller.canary import CANARY, CanaryPlan, canaries_among, contested, find_peers, plan_of, promote
 from tuner.controller.canary import judge as judge_canary_here
 from tuner.controller.candidates import current_candidate
 from tuner.controller.context import ControllerMemory, DecisionContext, DecisionInputs, build_context
@@ -151,13 +151,12 @@ class Controller:
                 for c in self.store.configs(keys[0], since=now - look_back, until=now + timedelta(microseconds=1))
                 if c.config.applied_by in CHANGE_SOURCES
             ]
-        in_flight = [
-            d for d in self.store.decisions(status=(DecisionStatus.APPLIED, DecisionStatus.APPLYING)) if _mine(d, keys)
-        ]
+        live = self.store.decisions(status=(DecisionStatus.APPLIED, DecisionStatus.APPLYING))  # every server's
+        in_flight = [d for d in live if _mine(d, keys)]
         pending = any(
             d.status == DecisionStatus.APPLYING or d.decision.action in VERIFIED_ACTIONS for d in in_flight
         )
-        elsewhere = canaries_in_flight(self.store, keys[0].model_name, exclude=keys) if keys else []
+        elsewhere = canaries_among(live, keys[0].model_name, exclude=keys) if keys else []
         target, count = self.memory.streak
         return ControllerState(
             paused=bool(manual.active_pauses(self.store)),
