@@ -294,6 +294,19 @@ class PolicySection(_Section):
         description="one K is chosen for the load (requests running) of this long, weighted by time; "
         "a burst shorter than this does not make the controller restart the engine twice",
     )
+    load_regime_band: float = Field(
+        default=0.25,
+        gt=0,
+        lt=1,
+        description="relative change of the load (requests running + waiting over a decide interval; at least "
+        "1 request) that starts a new load regime",
+    )
+    load_regime_sustained_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="a load regime this old is sustained: K is then chosen for its load, not the whole "
+        "load_horizon_s (≥ load_horizon_s: always the whole horizon)",
+    )
     alpha_regime_band: float = Field(
         default=0.05, gt=0, lt=1, description="absolute change of α̂ that starts a new acceptance regime"
     )
@@ -413,7 +426,8 @@ class GuardrailsSection(_Section):
         default=3600.0,
         gt=0,
         description="gain must repay the downtime within this, and within the expected remaining length of "
-        "the current acceptance regime (measured on this engine, policies/regime.py), whichever is shorter",
+        "the current acceptance regime (measured on this engine, policies/regime.py) — and of the load regime "
+        "when K is chosen for a sustained one (policies/load_window.py) —, whichever is shorter",
     )
     maintenance_windows: list[MaintenanceWindow] = Field(
         default_factory=list, description="when set, restarts only inside one of them"

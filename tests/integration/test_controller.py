@@ -603,6 +603,51 @@ def test_load_profile_is_topped_up_without_double_counting(db_url: str) -> None:
         assert len(third) == 11  # windows ending before the horizon are dropped (ends T0+260 s … T0+360 s stay)
 
 
+def test_k_is_chosen_for_a_sustained_load_within_minutes_and_never_for_a_burst(db_url: str) -> None:
+    """An hour at 4 requests, a 3-minute burst to 64, half an hour at 4, then the load steps to 64 and
+    stays. The burst never narrows the load profile K is chosen over (the hour); the step does once it
+    has lasted 5 minutes (``load_regime_sustained_s``), and the switching-cost horizon is then what the
+    engine's history says of such rises (one 3-minute burst on record: Lindy, as long again as its age)."""
+    from tuner.controller.context import ControllerMemory, build_context
+
+    with Store(db_url) as store:
+        store.record_config(KEY, config_record(K2, T0, AppliedBy.STARTUP))
+        stored = store.current_config(KEY)
+        assert stored is not None
+        memory = ControllerMemory()
+        now = T0
+
+        def minutes(n: int, running: float) -> list[tuple[float, ...]]:
+            """n minutes at ``running`` requests, a decide tick after each; each tick's load profile."""
+            nonlocal now, memory
+            profiles = []
+            for _ in range(n):
+                store.write_windows(
+                    [
+                        WindowRecord(KEY, now + timedelta(seconds=10 * i), now + timedelta(seconds=10 * (i + 1)),
+                                     iid(0.8, 2, 200), 1000.0, requests_running=running)
+                        for i in range(6)
+                    ]
+                )  # fmt: skip
+                now += timedelta(seconds=60)
+                ctx, memory = build_context(store, [KEY], stored, now, SETTINGS, [], [], memory)
+                profiles.append(tuple(b for _, b in ctx.load_profile))
+                assert ctx.load_window is not None
+            return profiles
+
+        minutes(60, 4.0)
+        for profile in minutes(3, 64.0):  # the burst: the hour
+            assert len(profile) == 360 and min(profile) == 4.0
+        after = minutes(30, 4.0)  # the fall back is a regime too: once sustained, its own load (as before the burst)
+        assert all(len(p) == 360 for p in after[:4]) and set(after[-1]) == {4.0} and len(after[-1]) < 360
+        step = minutes(6, 64.0)
+        assert all(min(p) == 4.0 for p in step[:5])  # 5 minutes in (4 of them observed): not sustained yet
+        assert set(step[5]) == {64.0} and len(step[5]) == 30  # 6 minutes in: the load since the step
+        ctx, _ = build_context(store, [KEY], stored, now, SETTINGS, [], [], memory)
+        assert ctx.load_window is not None and ctx.load_window.regime
+        assert ctx.regime_remaining_s == pytest.approx(300.0)  # the burst on record lasted 180 s: Lindy
+
+
 def test_a_running_periods_history_is_read_incrementally_and_adds_up(db_url: str) -> None:
     """A draft in force for days must not make every tick re-read its windows: the cached history reads
     only what ended since the last tick (less the settle margin), and always equals a full re-read."""

@@ -23,6 +23,7 @@ from collectors.records import EngineKey
 from policies.acceptance import AcceptanceEvidence, AlphaEstimate, alpha_of_windows, effective_counters
 from policies.counters import SpecCounters
 from policies.draft_choice import DraftCandidate, SpecWindow
+from policies.load_window import LoadWindow, choose_load_window, load_tracker
 from policies.memory import FREE_METHODS, KvCapacity
 from policies.positional import PositionData
 from policies.regime import RegimeTracker, observe, remaining_s, restart
@@ -68,9 +69,11 @@ class DecisionContext:
     mean_batch_size: float | None = None
     # (duration s, requests running) per window: the load profile a per-batch-size table is judged on
     batch_profile: tuple[tuple[float, float], ...] = ()
-    # (duration s, requests running + waiting) over the load horizon under any config: the demand one K
+    # (duration s, requests running + waiting) over the load window under any config: the demand one K
     # must serve (empty: judge K at the mean batch of the evidence window)
     load_profile: tuple[tuple[float, float], ...] = ()
+    # the load horizon, or the current load regime once it is sustained (policies.load_window)
+    load_window: LoadWindow | None = None
     # T(B, K) from the plugin's per-step records (tuner.controller.step_cost); None: not enough steps
     step_cost: StepCostModel | None = None
     step_cost_note: str | None = None
@@ -90,7 +93,8 @@ class DecisionContext:
     floored: frozenset[str] = frozenset()
     # α̂ of the running config over the last decide interval (what the acceptance regime tracks)
     recent_alpha: float | None = None
-    # expected remaining length of the current acceptance regime (policies.regime); None: unknown
+    # expected remaining length of the current acceptance regime (policies.regime), or of the load regime K
+    # is chosen for when that is shorter; None: unknown
     regime_remaining_s: float | None = None
     # the evidence window's requests running + waiting (time-weighted) and mean KV usage (0..1): when KV
     # memory caps the batch, requests wait and each config could run a different batch (kv_capacity)
@@ -231,6 +235,8 @@ class ControllerMemory:
     step_cost: tuple[datetime, tuple[str, str | None], tuple[StepCostModel, str, str] | None] | None = None
     # acceptance regimes of the running draft (named beside it), measured tick by tick
     alpha_regime: tuple[tuple[str, str | None] | None, RegimeTracker] | None = None
+    # load regimes (requests running + waiting over a decide interval, under any config)
+    load_regime: RegimeTracker | None = None
 
 
 def build_context(
@@ -251,8 +257,9 @@ def build_context(
     ctx = measure(store, keys, stored, now, p.evidence_window_s, p.confidence, settings.controller.decide_interval_s)
     running, everyone = current_candidate(ctx.current, configured, p.cost_ratio)
     ctx, memory = _with_regimes(ctx, settings, memory)
-    load_profile = () if p.per_batch_size else memory.load.update(store, keys, now, p.load_horizon_s)
-    ctx = replace(ctx, load_profile=load_profile, running=running, failed=tuple(failed))
+    if not p.per_batch_size:
+        ctx, memory = _with_load(ctx, store, settings, memory)
+    ctx = replace(ctx, running=running, failed=tuple(failed))
     ctx = replace(ctx, kv_capacity=kv_capacity(ctx, cache_config(store, keys), settings.policy))
     ctx, memory = _with_step_cost(ctx, store, settings, running, memory)
     if settings.policy.swap is None or not configured:
@@ -418,9 +425,9 @@ def _with_regimes(
     ctx: DecisionContext, settings: ControllerSettings, memory: ControllerMemory
 ) -> tuple[DecisionContext, ControllerMemory]:
     """The acceptance regime after this tick's observation and its expected remaining length (what a
-    change's switching cost is weighed over). Load regimes are not used: K is already chosen over the load
-    of ``load_horizon_s``, so a burst barely moves it, while a diurnal load, always drifting, would make
-    every load regime short and hold back the changes that follow it."""
+    change's switching cost is weighed over). The load regime bounds it only when K is chosen for a
+    sustained one (:func:`_with_load`): a diurnal load, always drifting, would make every load regime short
+    and hold back the changes that follow it."""
     p = settings.policy.policy
     draft = ctx.current.draft
     if memory.alpha_regime is None:
@@ -433,6 +440,26 @@ def _with_regimes(
     memory = replace(memory, alpha_regime=(draft, alpha))
     remaining = remaining_s(alpha, ctx.now)
     return replace(ctx, regime_remaining_s=remaining if math.isfinite(remaining) else None), memory
+
+
+def _with_load(
+    ctx: DecisionContext, store: Store, settings: ControllerSettings, memory: ControllerMemory
+) -> tuple[DecisionContext, ControllerMemory]:
+    """The load profile K is chosen over: the windows of the last ``load_horizon_s`` under any config, or
+    those of the current load regime once it is ``load_regime_sustained_s`` old (policies.load_window).
+    The load regime is observed every tick (requests running + waiting of the last decide interval) and
+    is not restarted by our own changes: the demand is the traffic's, not the config's. When K is chosen
+    for a sustained regime, its expected remaining length bounds the switching-cost rail too."""
+    p = settings.policy.policy
+    memory.load.update(store, ctx.keys, ctx.now, p.load_horizon_s)
+    recent = memory.load.mean_since(ctx.now - timedelta(seconds=settings.controller.decide_interval_s))
+    tracker = observe(memory.load_regime or load_tracker(p.load_regime_band), ctx.now, recent)
+    window = choose_load_window(tracker, ctx.now, p.load_horizon_s, p.load_regime_sustained_s)
+    remaining = ctx.regime_remaining_s
+    if window.remaining_s is not None:
+        remaining = window.remaining_s if remaining is None else min(remaining, window.remaining_s)
+    ctx = replace(ctx, load_profile=memory.load.since(window.since), load_window=window, regime_remaining_s=remaining)
+    return ctx, replace(memory, load_regime=tracker)
 
 
 def _with_step_cost(

@@ -93,6 +93,16 @@ class LoadProfile:
             del self._samples[k]
         return tuple(self._samples.values())
 
+    def since(self, start: datetime) -> tuple[tuple[float, float], ...]:
+        """The samples of the last :meth:`update` whose windows ended after ``start``."""
+        return tuple(v for (_, end), v in self._samples.items() if end > start)
+
+    def mean_since(self, start: datetime) -> float | None:
+        """Time-weighted mean requests running + waiting of the windows that ended after ``start``."""
+        samples = self.since(start)
+        seconds = sum(d for d, _ in samples)
+        return sum(d * b for d, b in samples) / seconds if seconds > 0 else None
+
 
 def spec_windows(
     store: Store, keys: Sequence[EngineKey], config: StoredConfig, now: datetime, duration_s: float

@@ -176,6 +176,8 @@ def propose_k(ctx: DecisionContext, settings: PolicySettings) -> PolicyOutcome:
         details["acceptance_model"] = {"choice": choice.choice.value, "message": choice.message}
     if bins:
         details["load_bins"] = [[round(s, 1), round(b, 2)] for s, b in bins]
+    if ctx.load_window is not None and ctx.load_window.regime:
+        details["load_window"] = ctx.load_window.to_json()
     if caps is not None:
         details["batch_caps"] = list(caps)  # sequences that fit KV memory at K = 0, 1, …
     details["k_reason"] = decision.reason.value
