@@ -8,12 +8,15 @@ bandit, all on the same seeded world. It then checks the issue's targets:
 - spectuner ≥ 0.97 × the oracle (best fixed in hindsight) in every scenario;
 - zero changes over the stationary 24 h;
 - the draft going bad detected within 2 simulated minutes at ~10 requests/s;
+- a scenario's change (``change_at_s``: gpu_degrading's draft, gpu_load_step's load) followed within
+  10 simulated minutes (``response s``: the first change to a better config after it);
 - a 24-hour scenario (8 640 windows + 1 440 decide ticks) in ≤ 30 s — wall and CPU time are both
   reported with the load average, because this machine is shared.
 
-    .venv/bin/python bench/bench_simulator.py [--scenario NAME ...] [--seed N]
+    .venv/bin/python bench/bench_simulator.py [--scenario NAME ...] [--seed N] [--merge]
 
-Writes ``bench/results/simulator.json`` and ``bench/results/simulator.md``.
+Writes ``bench/results/simulator.json`` and ``bench/results/simulator.md``; with ``--merge`` the scenarios
+run replace theirs in the existing JSON and the others are kept (each scenario records when it ran).
 """
 
 from __future__ import annotations
@@ -50,6 +53,9 @@ def main() -> int:
     parser.add_argument("--scenario", action="append", default=[], help="scenario file stem (default: all)")
     parser.add_argument("--seed", type=int, default=None, help="override every scenario's seed")
     parser.add_argument("--render", action="store_true", help="rewrite simulator.md from simulator.json only")
+    parser.add_argument(
+        "--merge", action="store_true", help="keep the other scenarios of simulator.json (each says when it ran)"
+    )
     args = parser.parse_args()
     if args.render:
         doc = json.loads((RESULTS / "simulator.json").read_text())
@@ -73,7 +79,13 @@ def main() -> int:
         out["load_average_before"] = load_before
         out["load_average_after"] = _load()
         out["bench_wall_s"] = round(time.perf_counter() - t0, 2)
+        out["when"] = datetime.now(UTC).isoformat(timespec="seconds")
         results[path.stem] = out
+    if args.merge and (RESULTS / "simulator.json").exists():
+        earlier = json.loads((RESULTS / "simulator.json").read_text())
+        for r in earlier["scenarios"].values():
+            r.setdefault("when", earlier["when"])  # written before scenarios recorded their own time
+        results = dict(sorted({**earlier["scenarios"], **results}.items()))
     summary = _targets(results)
     doc = {
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -128,6 +140,15 @@ def _targets(results: dict[str, Any]) -> list[dict[str, Any]]:
                 {"target": f"{name}: zero changes over 24 h", "measured": sp["changes"], "met": sp["changes"] == 0}
             )
         if r.get("change_at_s") is not None:
+            resp = sp.get("response_s")
+            rows.append(
+                {
+                    "target": f"{name}: the change at {r['change_at_s']:.0f} s followed within 10 min (response s)",
+                    "measured": resp,
+                    "met": resp is not None and resp <= 600,
+                }
+            )
+        if r.get("change_at_s") is not None and "degrading" in name:  # the draft goes bad (gpu_load_step: the load)
             det = sp.get("detection_s")
             rows.append(
                 {
@@ -167,7 +188,8 @@ def _markdown(doc: dict[str, Any]) -> str:
         "# Simulator results",
         "",
         f"Run {doc['when']} on {doc['machine']['platform']} ({doc['machine']['cpus']} CPUs, shared: see the load "
-        "averages). Oracle = the best fixed config in hindsight (every draft × K = 1..k_max, and off). "
+        "averages; a scenario run at another time says when). Oracle = the best fixed config in hindsight "
+        "(every draft × K = 1..k_max, and off). "
         "Dynamic oracle = the best config in every 10 s window with free switching (an upper bound).",
         "",
         "## Targets",
@@ -186,7 +208,8 @@ def _markdown(doc: dict[str, Any]) -> str:
             r["description"],
             "",
             f"Oracle: **{o['config']}** at {o['goodput']:.1f} tok/s; dynamic oracle {o['dynamic_oracle_goodput']:.1f} "
-            f"tok/s. Load average {r['load_average_before']} → {r['load_average_after']}; {r['bench_wall_s']} s.",
+            f"tok/s. Load average {r['load_average_before']} → {r['load_average_after']}; {r['bench_wall_s']} s"
+            + (f"; run {r['when']}." if r.get("when", doc["when"]) != doc["when"] else "."),
             "",
             "| policy | goodput tok/s | × oracle | × dynamic | changes | restarts | failed starts | downtime s "
             "| false alarms/day | unpaid restarts | CUSUM alarms/day (false) | detection s | response s | final config "

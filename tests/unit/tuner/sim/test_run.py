@@ -26,6 +26,7 @@ from tuner.sim.run import (
     PolicyRun,
     StoreFactory,
     daemon_config,
+    judge_changes,
     run_scenario,
     simulate,
     start_config,
@@ -83,6 +84,23 @@ def test_stationary_24h_makes_no_change() -> None:
     assert run.duration_s == 86400
     assert (run.changes, run.restarts) == (0, 0), run.timeline
     assert sum(run.ticks.values()) == 86400 // 300
+
+
+def test_a_sustained_load_rise_is_followed_within_minutes_not_once_the_load_horizon_fills() -> None:
+    """gpu_load_step shortened: an hour at 16 requests, then 128 for an hour (best K 4 → 2). K used to be
+    chosen over the last hour's load only, so the rise was followed 20 minutes late; now K is chosen for
+    the load regime once it has lasted 5 minutes (simulated time: the tick that sees it, 5 minutes, two
+    hysteresis ticks)."""
+    phases = [{"name": "steady", "duration_s": 3600, "concurrency": 16}, {"name": "rise", "duration_s": 3600,
+              "concurrency": 128}]  # fmt: skip
+    scenario = bench_scenario("gpu_load_step", duration_s=7200, change_at_s=3600, load={"phases": phases})
+    engine = SimEngine(scenario)
+    with StoreFactory() as stores:
+        run = simulate(scenario, engine, "spectuner", start_config(scenario), stores=stores)
+    judged = judge_changes(engine, run, scenario.engine.restart_downtime_s)
+    assert [label for _, label in run.timeline] == ["llama-8b/K=4", "llama-8b/K=2"], run.timeline
+    assert judged.first_response_s is not None and judged.first_response_s <= 480, judged
+    assert judged.unpaid == 0
 
 
 def test_degrading_draft_is_detected_within_two_minutes_at_10_requests_per_s() -> None:
