@@ -6,9 +6,10 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.spectuner-installed
 MODELS := .lab/models
+GPU_MODELS := .lab/gpu-models
 PG_BIN := /usr/lib/postgresql/15/bin
 
-.PHONY: install system-deps models demo test lint bench bench-live bench-fleet clean
+.PHONY: install system-deps models models-gpu calibrate demo test lint bench bench-live bench-fleet clean
 
 install: system-deps $(STAMP)
 
@@ -36,11 +37,19 @@ system-deps:
 	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q prometheus chromium; \
 	fi
 
+# The tiny ladder (functional tests, fast) and the gpu-like one (demo: drafts cost ~0.15 of a target step).
 models: $(STAMP)
 	$(VENV)/bin/spectuner lab build-models $(MODELS)
 
-demo: install models
-	$(VENV)/bin/spectuner demo --models-dir $(MODELS)
+models-gpu: $(STAMP)
+	$(VENV)/bin/spectuner lab build-models $(GPU_MODELS) --recipe gpu-like
+
+# Measure the gpu-like lab in vLLM (cost ratios, tok/s per stream count, crossover): ~4 min, quiet machine.
+calibrate: models-gpu
+	$(VENV)/bin/spectuner lab calibrate --models-dir $(GPU_MODELS)
+
+demo: install models-gpu
+	$(VENV)/bin/spectuner demo --models-dir $(GPU_MODELS) --recipe gpu-like
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check tuner collectors policies migrations tests bench

@@ -10,6 +10,7 @@ goodput and latency, and each decision's predicted and realized gain (from the a
 
 from __future__ import annotations
 
+import logging
 import sys
 import threading
 import time
@@ -29,7 +30,7 @@ from tuner.controller.audit import TickResult
 from tuner.daemon import Daemon
 from tuner.engine.process import free_port
 from tuner.lab.closed_loop import LoopSettings, lab_daemon_config
-from tuner.lab.models import build_models
+from tuner.lab.models import GPU_LIKE, MANIFEST, Recipe, build_models
 from tuner.lab.prompts import HARD, PREDICTABLE
 from tuner.lab.serve import LabServer
 from tuner.lab.workload import BackgroundLoad, PhaseStats
@@ -167,6 +168,24 @@ def _status_line(store: Store, daemon: Daemon, load: BackgroundLoad, t0: float, 
     )
 
 
+class _ToConsole(logging.Handler):
+    def __init__(self, console: Console) -> None:
+        super().__init__()
+        self.console = console
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.console.print(f"  {record.getMessage()}", markup=False, highlight=False)
+
+
+def _lab_progress(console: Console) -> None:
+    """The model build logs its stages; show them, so a first demo is not minutes of silence."""
+    lg = logging.getLogger("tuner.lab.models")
+    lg.setLevel(logging.INFO)
+    lg.propagate = False
+    if not any(isinstance(h, _ToConsole) for h in lg.handlers):
+        lg.addHandler(_ToConsole(console))
+
+
 def run_demo(
     models_dir: Path,
     phases: Sequence[LoopPhase] = DEFAULT_PHASES,
@@ -176,10 +195,15 @@ def run_demo(
     status_every_s: float = 10.0,
     on_started: Callable[[LabServer], None] | None = None,
     front_door: bool = True,
+    recipe: Recipe | None = None,
 ) -> DemoResult:
     console = console or Console(width=None if sys.stdout.isatty() else 140)
     t_begin = time.monotonic()
-    manifest = build_models(models_dir)
+    if not (Path(models_dir) / MANIFEST).exists():
+        recipe = recipe or GPU_LIKE
+        console.print(f"building the {recipe.name} lab models in {models_dir} (once; about a minute, progress below)")
+        _lab_progress(console)
+    manifest = build_models(models_dir, recipe)  # recipe None: the directory keeps the one it was built with
     for d in manifest.drafts.values():
         if d.greedy_agreement is not None:
             console.print(f"  draft {d.name:<7} greedy agreement with the target {d.greedy_agreement:.3f}")

@@ -205,6 +205,11 @@ HOSTILE: list[list[str]] = [
     ["lab", "serve", "--k", "-3", "--models-dir", "{missing}"],
     ["lab", "load", "--url", "http://[::1", "--count", "1"],
     ["demo", "--models-dir", "{binary}"],
+    ["demo", "--recipe", "huge", "--models-dir", "{missing}"],
+    ["lab", "build-models", "{missing}", "--recipe", "huge"],
+    ["lab", "calibrate", "--models-dir", "{missing}"],
+    ["lab", "calibrate", "--models-dir", "{binary}"],
+    ["lab", "calibrate", "--streams", "1,,x", "--models-dir", "{missing}"],
 ]
 
 

@@ -7,11 +7,16 @@ from pathlib import Path
 import typer
 
 from tuner.cli.common import fail_runtime, fail_usage, print_json
-from tuner.lab.models import DEFAULT_MODELS_DIR
+from tuner.lab.models import GPU_LIKE_MODELS_DIR, RECIPES
 
 
 def demo_cmd(
-    models_dir: Path = typer.Option(DEFAULT_MODELS_DIR, "--models-dir", help="Lab models (built if missing)."),
+    models_dir: Path = typer.Option(GPU_LIKE_MODELS_DIR, "--models-dir", help="Lab models (built if missing)."),
+    recipe: str | None = typer.Option(
+        None, "--recipe",
+        help="Lab recipe: gpu-like (GPU-like step costs; the default for a new directory) or tiny. "
+        "Default: the recipe the directory was built with.",
+    ),
     per_batch_size: bool = typer.Option(
         True, "--per-batch-size/--single-k", help="Let the controller choose a per-batch-size K table."
     ),
@@ -23,6 +28,8 @@ def demo_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout (progress on stderr)."),
 ) -> None:
     """The closed loop on the lab engine: weak draft → swap → K per load, every decision explained."""
+    if recipe is not None and recipe not in RECIPES:
+        fail_usage(f"unknown --recipe {recipe!r}; choose one of: {', '.join(RECIPES)}")
     if models_dir.exists() and not models_dir.is_dir():
         fail_usage(f"--models-dir {models_dir} is not a directory: give the lab models' directory (built if missing)")
     from rich.console import Console
@@ -34,7 +41,11 @@ def demo_cmd(
     console = Console(stderr=True) if as_json else None
     try:
         result = run_demo(
-            models_dir, settings=LoopSettings(per_batch_size=per_batch_size), console=console, front_door=front_door
+            models_dir,
+            settings=LoopSettings(per_batch_size=per_batch_size),
+            console=console,
+            front_door=front_door,
+            recipe=None if recipe is None else RECIPES[recipe],
         )
     except LabUsageError as e:
         fail_usage(str(e))

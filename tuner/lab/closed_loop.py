@@ -4,11 +4,13 @@ Used by the closed-loop demo and the live controller tests. Intervals are short 
 minutes) so a whole loop — weak draft, swap, K tuning — fits a few minutes on 2 cores; the guardrail
 logic is the production one, only the numbers differ.
 
-The step-cost model is the lab's, derived from the throughput docs/lab.md records for these tiny models
-(no speculation 459 / 4428 tok/s at 1 / 16 streams; a target-sized draft at K = 3: 512 / 2743 tok/s):
+The step-cost model is the lab's (``lab_cost_model``). For the tiny models it is derived from the
+throughput docs/lab.md records (no speculation 459 / 4428 tok/s at 1 / 16 streams; a target-sized
+draft at K = 3: 512 / 2743 tok/s):
 T(B, K) = 2.08 ms + 0.095 ms·B·(K+1) + K·(1.56 ms + 0.217 ms·B). A draft pass costs about 0.8 of a
 target pass (c ≈ 0.8: the lab's drafts are target-shaped), so speculation pays only with a very good
-draft at low load, and loses at 16 streams — the regime the per-batch-size table is for.
+draft at low load, and loses at 16 streams — the regime the per-batch-size table is for. The gpu-like
+models use their calibration (``spectuner lab calibrate``): c ≈ 0.26, speculation wins up to ~16 streams.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.lab.apply_load import side_by_side_cpu_env
+from tuner.lab.models import Manifest
 from tuner.lab.serve import LabServer
 
 LAB_STEP_COST: dict[str, float] = {
@@ -29,6 +32,16 @@ LAB_STEP_COST: dict[str, float] = {
     "draft_per_seq_s": 2.17e-4,
 }
 LAB_DRAFT_COST_RATIO = 0.8
+# The gpu-like lab (docs/lab.md), fitted by `spectuner lab calibrate` on the 2-core machine from tokens/s
+# without speculation and with good/K = 3 at 1-64 streams: the target's pass grows 2.7 ms per token
+# scored, a draft step costs ~0.26 of a target step at batch 1 (drafting's own engine overhead
+# included). A lab with its own calibration in manifest.json uses that instead.
+GPU_LIKE_STEP_COST: dict[str, float] = {
+    "fixed_s": 0.0402987,
+    "per_token_s": 0.0026681,
+    "draft_fixed_s": 0.0104743,
+    "draft_per_seq_s": 0.0006447,
+}
 PRIOR_ALPHA = {"good": 0.9, "medium": 0.7, "weak": 0.3, "copy": 0.95, "random": 0.05}
 
 
@@ -66,6 +79,22 @@ class LoopSettings:
     canary: Mapping[str, Any] | None = None  # the [canary] table (docs/fleet.md), None: left out
 
 
+def lab_cost_model(manifest: Manifest) -> tuple[dict[str, float], float]:
+    """The step-cost model and draft cost ratio the controller is given for these lab models.
+
+    The lab's own calibration when `spectuner lab calibrate` stored one, else the figures measured for
+    its recipe on the 2-core machine (tiny: c ≈ 0.8, gpu-like: c ≈ 0.26).
+    """
+    fitted = (manifest.calibration or {}).get("step_cost") or {}
+    model = fitted.get("model")
+    if not model:
+        if manifest.recipe.get("name") != "gpu-like":
+            return dict(LAB_STEP_COST), LAB_DRAFT_COST_RATIO
+        model = GPU_LIKE_STEP_COST
+    c = (model["draft_fixed_s"] + model["draft_per_seq_s"]) / (model["fixed_s"] + model["per_token_s"])
+    return dict(model), round(c, 3)
+
+
 def _toml_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -91,6 +120,7 @@ def lab_daemon_config(
     """The TOML text of a daemon config that supervises ``server``'s command line (not started here)."""
     manifest = server.manifest
     start = manifest.drafts[settings.start_draft]
+    step_cost, cost_ratio = lab_cost_model(manifest)
     # The lab server's argv without speculation; the restart actuator appends --speculative-config.
     bare = LabServer(
         draft="none", k=0, port=server.port, models_dir=server.models_dir, workdir=server.workdir,
@@ -113,11 +143,11 @@ def lab_daemon_config(
         ),
         _table(
             "policy",
-            {"k_max": settings.k_max, "cost_ratio": LAB_DRAFT_COST_RATIO,
+            {"k_max": settings.k_max, "cost_ratio": cost_ratio,
              "evidence_window_s": settings.evidence_window_s, "per_batch_size": settings.per_batch_size,
              "max_batch_size": settings.max_batch_size},
         ),
-        _table("policy.step_cost", LAB_STEP_COST),
+        _table("policy.step_cost", step_cost),
         _table(
             "swap",
             {"threshold": 0.4, "duration_s": settings.swap_duration_s, "min_drafts": settings.swap_min_drafts,
@@ -167,7 +197,7 @@ def lab_daemon_config(
             _table(
                 "drafts",
                 {"name": name, "method": info.method, "model": info.path if info.method != "ngram" else None,
-                 "prior_alpha": PRIOR_ALPHA.get(name, 0.5), "cost_ratio": LAB_DRAFT_COST_RATIO},
+                 "prior_alpha": PRIOR_ALPHA.get(name, 0.5), "cost_ratio": cost_ratio},
                 array=True,
             )
         )
@@ -176,11 +206,12 @@ def lab_daemon_config(
             _table(
                 "drafts",
                 {"name": "broken", "method": "draft_model", "model": settings.broken_candidate,
-                 "prior_alpha": 0.97, "cost_ratio": LAB_DRAFT_COST_RATIO},
+                 "prior_alpha": 0.97, "cost_ratio": cost_ratio},
                 array=True,
             )
         )
     return "\n".join(parts)
 
 
-__all__ = ["LAB_DRAFT_COST_RATIO", "LAB_STEP_COST", "LoopSettings", "lab_daemon_config"]
+__all__ = ["GPU_LIKE_STEP_COST", "LAB_DRAFT_COST_RATIO", "LAB_STEP_COST", "LoopSettings", "lab_cost_model",
+           "lab_daemon_config"]

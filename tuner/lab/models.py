@@ -14,6 +14,18 @@ quality alone; on 2 CPU cores distilling a small draft to ~0.95 agreement costs 
 test suite can spend (a 0.53 M-parameter draft reached 0.61 in 160 steps). Noise is calibrated by
 bisection on measured agreement, so the bands hold on any machine.
 A second call with the same recipe finds ``manifest.json`` and returns at once.
+
+Two recipes:
+
+- ``tiny`` (default, ``.lab/models``): the models above as trained, 3 M parameters each; fast engines
+  for the functional tests, but the per-step overhead dominates and every draft costs what the target
+  costs, so speculation's trade-off is not a GPU's.
+- ``gpu-like`` (``.lab/gpu-models``): the same trained models carried inside larger shells
+  (``tuner.lab.widen``): a 136 M-parameter target (8 layers, hidden 1024, MLP 4096) and 21 M-parameter
+  drafts (4 layers, hidden 640), so the target's forward pass dominates each step, a graded draft
+  costs ~0.13 of it at batch 1, and verifying K + 1 tokens per sequence gets expensive under load:
+  speculation wins ~2× at 1 stream and loses at 32-64 streams, as on GPUs. The texts and agreements
+  are the small models' (the shells compute the same logits). ``docs/lab.md`` has the measured figures.
 """
 
 from __future__ import annotations
@@ -37,6 +49,9 @@ log = logging.getLogger(__name__)
 BUILDER_VERSION = 4
 MANIFEST = "manifest.json"
 DEFAULT_MODELS_DIR = Path(".lab/models")
+GPU_LIKE_MODELS_DIR = Path(".lab/gpu-models")
+# token counts the builder times each saved model at (direct torch timing, batch 1 × n tokens)
+TIMED_TOKENS = (1, 4, 16, 64)
 
 
 @dataclass(frozen=True)
@@ -67,10 +82,34 @@ class Recipe:
     medium_agreement: float = 0.75
     weak_agreement: float = 0.25
     agreement_tolerance: float = 0.04
+    name: str = "tiny"
+    # shells the trained models are carried in (None: saved as trained); see tuner.lab.widen
+    target_shell: Shape | None = None
+    draft_shell: Shape | None = None
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Recipe:
+        """The recipe a manifest recorded (``asdict`` form)."""
+        shapes = ("target", "draft", "target_shell", "draft_shell")
+        kw: dict[str, Any] = {k: (Shape(**v) if k in shapes and isinstance(v, dict) else v) for k, v in data.items()}
+        return cls(**{k: v for k, v in kw.items() if k in cls.__dataclass_fields__})
 
     def key(self) -> str:
         blob = json.dumps({"builder": BUILDER_VERSION, **asdict(self)}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+GPU_LIKE = Recipe(
+    name="gpu-like",
+    target_shell=Shape(1024, 8, 16, 4096),
+    draft_shell=Shape(640, 4, 10, 1536),
+    # a good draft of a GPU deployment accepts ~0.85-0.9 per token: good sits just above the 0.9 band
+    # edge (at 0.935 it accepted 0.90 in vLLM and good/K=3 came within 7 % of no speculation at 64 streams)
+    good_agreement=0.915,
+    medium_agreement=0.72,
+    agreement_tolerance=0.02,
+)
+RECIPES: dict[str, Recipe] = {"tiny": Recipe(), "gpu-like": GPU_LIKE}
 
 
 @dataclass
@@ -86,6 +125,10 @@ class ModelInfo:
     hidden_size: int = 0
     greedy_agreement: float | None = None
     notes: str = ""
+    # one forward pass over n tokens, ms (torch eager on this machine at build time), keyed by n
+    step_ms: dict[str, float] = field(default_factory=dict)
+    # this model's 1-token forward ÷ the target's (a draft's cost c at batch 1); None: not timed
+    cost_ratio: float | None = None
 
 
 @dataclass
@@ -97,6 +140,8 @@ class Manifest:
     drafts: dict[str, ModelInfo]
     build_seconds: float
     recipe: dict[str, Any] = field(default_factory=dict)
+    # written by `spectuner lab calibrate` (measured in the vLLM engine); None until then
+    calibration: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -107,6 +152,7 @@ class Manifest:
             "drafts": {k: asdict(v) for k, v in self.drafts.items()},
             "build_seconds": self.build_seconds,
             "recipe": self.recipe,
+            "calibration": self.calibration,
         }
 
     @classmethod
@@ -119,6 +165,7 @@ class Manifest:
             drafts={k: ModelInfo(**v) for k, v in data["drafts"].items()},
             build_seconds=data["build_seconds"],
             recipe=data.get("recipe", {}),
+            calibration=data.get("calibration"),
         )
 
 
@@ -144,16 +191,19 @@ def kv_bytes_per_token(config: dict[str, Any], dtype_bytes: int = 4) -> int:
 
 
 def build_models(models_dir: Path, recipe: Recipe | None = None, force: bool = False) -> Manifest:
-    """Build (or find cached) lab models in ``models_dir``; returns the manifest."""
-    recipe = recipe or Recipe()
+    """Build (or find cached) lab models in ``models_dir``; returns the manifest.
+
+    Without a ``recipe``, a directory keeps the recipe it was built with (``tiny`` when new)."""
     models_dir = Path(models_dir)
-    if not force:
-        try:
-            cached = load_manifest(models_dir)
-        except LabModelsMissing:
-            cached = None
-        if cached and cached.build_key == recipe.key() and _all_present(cached):
-            return cached
+    cached: Manifest | None
+    try:
+        cached = load_manifest(models_dir)
+    except LabModelsMissing:
+        cached = None
+    if recipe is None:
+        recipe = Recipe.from_json(cached.recipe) if cached and cached.recipe else Recipe()
+    if not force and cached and cached.build_key == recipe.key() and _all_present(cached):
+        return cached
     return _Builder(models_dir, recipe).build()
 
 
@@ -177,24 +227,38 @@ class _Builder:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
 
+        log.info("lab (%s): training the tokenizer", self.r.name)
         tok = self._tokenizer(tmp / "tokenizer")
         data = self._encode(tok)
+        log.info("lab (%s): training the target, %d steps", self.r.name, self.r.target_steps)
         target = self._train_target(data, len(tok))
         prompts, sequences, gen_mask = self._eval_set(tok, target)
 
         drafts: dict[str, Any] = {}
         for name, want in (("good", self.r.good_agreement), ("medium", self.r.medium_agreement),
                            ("weak", self.r.weak_agreement)):
+            log.info("lab (%s): calibrating draft %r to greedy agreement %.2f", self.r.name, name, want)
             drafts[name] = self._calibrated_noise(target, sequences, gen_mask, target, want)
         drafts["random"] = self._new_model(self.r.draft, len(tok), seed=self.r.seed + 99)
         drafts["copy"] = target
+        # Agreement is measured on the trained models: a shell computes the same logits.
+        agreement = {n: round(self._agreement(m, target, sequences, gen_mask), 4) for n, m in drafts.items()}
 
         final_tok = self.dir / "tokenizer"
         infos: dict[str, ModelInfo] = {}
-        target_info = self._save(target, tok, tmp / "target", "target", self.dir / "target")
+        big_target = self._shell(target, self.r.target_shell, "target")
+        target_info = self._save(big_target, tok, tmp / "target", "target", self.dir / "target")
+        # Cost depends on the shape only: time each distinct shape once, so the graded drafts
+        # (one shell) carry one figure, not four noisy ones.
+        timed: dict[tuple[int, ...], dict[str, float]] = {}
+        target_info.step_ms = _timed_by_shape(big_target, timed)
+        target_info.cost_ratio = 1.0
         for name, model in drafts.items():
-            info = self._save(model, tok, tmp / f"draft-{name}", name, self.dir / f"draft-{name}")
-            info.greedy_agreement = round(self._agreement(model, target, sequences, gen_mask), 4)
+            big = big_target if name == "copy" else self._shell(model, self.r.draft_shell, f"draft {name!r}")
+            info = self._save(big, tok, tmp / f"draft-{name}", name, self.dir / f"draft-{name}")
+            info.greedy_agreement = agreement[name]
+            info.step_ms = _timed_by_shape(big, timed)
+            info.cost_ratio = round(info.step_ms["1"] / target_info.step_ms["1"], 3)
             infos[name] = info
         infos["ngram"] = ModelInfo(name="ngram", path="", method="ngram", notes="prompt lookup; no weights")
 
@@ -212,7 +276,17 @@ class _Builder:
         # Swap in atomically-ish: a half-built directory never carries a manifest.
         shutil.rmtree(self.dir, ignore_errors=True)
         tmp.rename(self.dir)
+        log.info("lab (%s): built in %.0f s: %s", self.r.name, manifest.build_seconds, self.dir)
         return manifest
+
+    def _shell(self, model: Any, shape: Shape | None, what: str) -> Any:
+        if shape is None:
+            return model
+        from tuner.lab.widen import ShellShape, widen
+
+        log.info("lab (%s): carrying the %s in a %s shell", self.r.name, what, shape)
+        return widen(model, ShellShape(shape.hidden_size, shape.num_layers, shape.num_heads,
+                                       shape.intermediate_size), seed=self.r.seed + 7)
 
     # -- tokenizer and data -------------------------------------------------------------------------
     def _tokenizer(self, out: Path) -> Any:
@@ -298,7 +372,7 @@ class _Builder:
             loss.backward()
             opt.step()
             sched.step()
-            if i % 20 == 0:
+            if i % 20 == 0 or i == self.r.target_steps - 1:
                 log.info("target step %d/%d loss %.3f", i, self.r.target_steps, loss.item())
         model.eval()
         return model
@@ -387,3 +461,34 @@ class _Builder:
             hidden_size=int(cfg["hidden_size"]),
             greedy_agreement=1.0 if name == "target" else None,
         )
+
+
+def _timed_by_shape(model: Any, cache: dict[tuple[int, ...], dict[str, float]]) -> dict[str, float]:
+    c = model.config
+    key = (c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.intermediate_size, c.vocab_size)
+    if key not in cache:
+        cache[key] = _step_ms(model)
+    return cache[key]
+
+
+def _step_ms(model: Any, tokens: tuple[int, ...] = TIMED_TOKENS, repeats: int = 5) -> dict[str, float]:
+    """Fastest wall time of one forward pass over n tokens (batch 1), ms: direct timing, for the manifest.
+
+    The minimum, not the median: another process on the machine only ever adds time, so the
+    fastest of a few repeats is the least disturbed estimate of the model's own cost.
+    """
+    import torch
+
+    out: dict[str, float] = {}
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for n in tokens:
+            ids = torch.randint(3, int(model.config.vocab_size), (1, n), generator=g)
+            model(input_ids=ids)  # warm
+            times = []
+            for _ in range(repeats):
+                t = time.perf_counter()
+                model(input_ids=ids)
+                times.append((time.perf_counter() - t) * 1000)
+            out[str(n)] = round(min(times), 2)
+    return out

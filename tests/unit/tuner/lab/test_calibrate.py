@@ -1,0 +1,129 @@
+"""`spectuner lab calibrate`: the crossover read from measured rows, and bad input refused before an engine starts."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tuner.lab.calibrate import CalibrationPlan, calibrate, crossover, fitted_step_cost
+from tuner.lab.closed_loop import GPU_LIKE_STEP_COST, LAB_DRAFT_COST_RATIO, LAB_STEP_COST, lab_cost_model
+from tuner.lab.models import BUILDER_VERSION, Manifest, ModelInfo
+
+
+def _rows(pairs: dict[int, tuple[float, float]]) -> dict[str, dict[str, float | None]]:
+    return {str(n): {"off": off, "good/K=3": sp} for n, (off, sp) in pairs.items()}
+
+
+def test_crossover_is_the_pair_of_stream_counts_where_speculation_stops_paying() -> None:
+    rows = _rows({1: (22.0, 54.0), 4: (78.0, 113.0), 16: (182.0, 202.0), 32: (239.0, 231.0), 64: (287.0, 254.0)})
+    assert crossover(rows, "good/K=3") == [16, 32]
+
+
+def test_crossover_orders_stream_counts_numerically_not_as_text() -> None:
+    # "16" < "4" as text; the crossover must still read 4 -> 16
+    rows = _rows({16: (180.0, 150.0), 4: (80.0, 110.0), 1: (20.0, 50.0)})
+    assert crossover(rows, "good/K=3") == [4, 16]
+
+
+@pytest.mark.parametrize(
+    "pairs",
+    [
+        {1: (20.0, 50.0), 64: (280.0, 300.0)},  # wins everywhere measured
+        {1: (50.0, 20.0), 64: (280.0, 250.0)},  # loses everywhere measured
+        {1: (20.0, 50.0)},  # one row
+    ],
+)
+def test_no_crossover_when_the_rows_do_not_show_one(pairs: dict[int, tuple[float, float]]) -> None:
+    assert crossover(_rows(pairs), "good/K=3") is None
+
+
+@pytest.fixture
+def fake_models(tmp_path: Path) -> Path:
+    """A manifest without weights: enough for the checks made before any engine starts."""
+    d = tmp_path / "models"
+    d.mkdir()
+    m = Manifest(
+        build_key="x", builder_version=BUILDER_VERSION, tokenizer_path=str(d / "tokenizer"),
+        target=ModelInfo(name="target", path=str(d / "target")),
+        drafts={"good": ModelInfo(name="good", path=str(d / "draft-good")),
+                "ngram": ModelInfo(name="ngram", path="", method="ngram")},
+        build_seconds=0.0,
+    )
+    (d / "manifest.json").write_text(json.dumps(m.to_json()))
+    return d
+
+
+@pytest.mark.parametrize("draft", ["nope", "ngram"])
+def test_calibrate_refuses_a_draft_that_is_not_a_draft_model(fake_models: Path, draft: str) -> None:
+    with pytest.raises(ValueError, match="choose one of: good"):
+        calibrate(fake_models, CalibrationPlan(draft=draft))
+    assert not list(fake_models.glob("calibrate-*")), "nothing is started or left behind"
+
+
+def _spectuner(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tuner.cli.main", *args], capture_output=True, text=True,
+                          timeout=60)
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--streams", "1,four"], "--streams must be comma-separated integers"),
+        (["--streams", "0,4"], "--streams must be positive integers"),
+        (["--draft", "nope"], "'nope' is not a draft model of this lab"),
+    ],
+)
+def test_cli_bad_input_is_one_line_and_exit_2(fake_models: Path, args: list[str], says: str) -> None:
+    r = _spectuner("lab", "calibrate", "--models-dir", str(fake_models), *args)
+    assert r.returncode == 2, r.stderr
+    assert says in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_cli_without_models_names_the_build_command(tmp_path: Path) -> None:
+    r = _spectuner("lab", "calibrate", "--models-dir", str(tmp_path / "nothing"))
+    assert r.returncode == 2
+    assert "spectuner lab build-models" in r.stderr
+
+
+def test_the_fitted_step_cost_reproduces_the_measured_throughput() -> None:
+    # rows generated from a known T(B, K): the fit must recover it and predict the rows back
+    true = {"fixed_s": 0.042, "per_token_s": 0.0028, "draft_fixed_s": 0.0094, "draft_per_seq_s": 0.00075}
+    k, length = 3, 3.7
+
+    def step(b: int, kk: int) -> float:
+        return (true["fixed_s"] + true["per_token_s"] * b * (kk + 1)
+                + kk * (true["draft_fixed_s"] + true["draft_per_seq_s"] * b))
+
+    rows = {str(b): {"off": b / step(b, 0), "good/K=3": b * length / step(b, k)} for b in (1, 4, 16, 32, 64)}
+    fitted = fitted_step_cost(rows, "good/K=3", k, length)
+    assert fitted["reason"] == "ok"
+    for name, value in true.items():
+        assert fitted["model"][name] == pytest.approx(value, rel=1e-3), name
+
+
+def test_no_step_cost_without_a_speculating_row() -> None:
+    rows: dict[str, dict[str, float | None]] = {"1": {"off": 20.0, "good/K=3": None},
+                                                "64": {"off": 290.0, "good/K=3": None}}
+    fitted = fitted_step_cost(rows, "good/K=3", 3, None)
+    assert fitted["model"] is None and fitted["message"]
+
+
+def _manifest(recipe: str, calibration: dict[str, Any] | None = None) -> Manifest:
+    return Manifest(build_key="x", builder_version=BUILDER_VERSION, tokenizer_path="t",
+                    target=ModelInfo(name="target", path="p"), drafts={}, build_seconds=0.0,
+                    recipe={"name": recipe}, calibration=calibration)
+
+
+def test_the_controller_gets_the_labs_own_calibration_else_its_recipes_figures() -> None:
+    assert lab_cost_model(_manifest("tiny")) == (LAB_STEP_COST, LAB_DRAFT_COST_RATIO)
+    model, c = lab_cost_model(_manifest("gpu-like"))
+    assert model == GPU_LIKE_STEP_COST and 0.1 < c < 0.3
+    own = {"fixed_s": 0.05, "per_token_s": 0.003, "draft_fixed_s": 0.005, "draft_per_seq_s": 0.0003}
+    model, c = lab_cost_model(_manifest("gpu-like", {"step_cost": {"model": own}}))
+    assert model == own and c == pytest.approx(0.0053 / 0.053, abs=1e-3)

@@ -1,0 +1,242 @@
+"""Measure the lab's physics inside the vLLM engine: draft cost, agreement, throughput against load.
+
+What an operator (and the simulator's calibration) needs to know before trusting the lab as a stand-in
+for a GPU deployment: does the target's forward pass dominate a step, what does a draft cost relative
+to it (``cost_ratio`` c at batch 1), and where does speculation stop paying as concurrency grows
+(``crossover_streams``)? Every figure comes from the vLLM engine itself, one fresh engine per config
+(``tuner.lab.calibrate_worker``):
+
+- throughput: greedy tokens/s with no speculation and with ``draft``/K, at each stream count;
+- a draft's cost ratio: the target's decode step time over the draft's, each served alone at 1 stream
+  (drafts of one shape cost alike, so each distinct shape is timed once);
+- agreement: the greedy agreement measured at build time (``manifest.json``) and the acceptance rate the
+  speculating engine reported while it was timed.
+
+The result is printed and stored under ``calibration`` in the manifest.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import math
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tuner.lab.models import MANIFEST, Manifest, ModelInfo, load_manifest
+
+log = logging.getLogger(__name__)
+
+_GIB = 1 << 30
+
+
+class CalibrationError(RuntimeError):
+    """An engine could not be started or measured; the message names its log."""
+
+
+@dataclass(frozen=True)
+class CalibrationPlan:
+    """What to measure. Stream counts are concurrent greedy requests; tokens are per request."""
+
+    streams: tuple[int, ...] = (1, 4, 16, 32, 64)
+    draft: str = "good"
+    k: int = 3
+    max_tokens: int = 64
+    max_model_len: int = 512
+    engine_timeout_s: float = 900.0
+
+
+def calibrate(models_dir: Path, plan: CalibrationPlan | None = None, work_dir: Path | None = None) -> dict[str, Any]:
+    """Run the measurements, store them in the manifest and return them."""
+    plan = plan or CalibrationPlan()
+    models_dir = Path(models_dir).resolve()
+    manifest = load_manifest(models_dir)
+    if plan.draft not in manifest.drafts or manifest.drafts[plan.draft].method == "ngram":
+        weighted = [n for n, d in manifest.drafts.items() if d.method != "ngram"]
+        raise ValueError(
+            f"--draft {plan.draft!r} is not a draft model of this lab; choose one of: {', '.join(weighted)}"
+        )
+    if not plan.streams or min(plan.streams) < 1:
+        raise ValueError("stream counts must be positive integers")
+    streams = tuple(sorted(set(plan.streams)))
+    own_dir = work_dir is None
+    work = Path(tempfile.mkdtemp(prefix="calibrate-", dir=models_dir)) if own_dir else Path(work_dir)  # type: ignore[arg-type]
+    work.mkdir(parents=True, exist_ok=True)
+    spec_label = f"{plan.draft}/K={plan.k}"
+    draft_info = manifest.drafts[plan.draft]
+    spec = {"method": "draft_model", "model": draft_info.path, "num_speculative_tokens": plan.k}
+
+    runs: dict[str, dict[str, Any]] = {}
+    runs["off"] = _engine(manifest, manifest.target, None, streams, "off", plan, work)
+    runs[spec_label] = _engine(manifest, manifest.target, spec, streams, spec_label, plan, work)
+    step_ms_target = 1000.0 / runs["off"]["tok_s"]["1"] if "1" in runs["off"]["tok_s"] else None
+
+    # decode step time of each distinct draft shape, served alone at 1 stream
+    shape_ms: dict[tuple[int, ...], float] = {_shape(manifest.target): step_ms_target or math.nan}
+    drafts: dict[str, dict[str, Any]] = {}
+    for name, info in manifest.drafts.items():
+        entry: dict[str, Any] = {"method": info.method, "agreement": info.greedy_agreement}
+        if info.method != "ngram":
+            key = _shape(info)
+            if key not in shape_ms:
+                alone = _engine(manifest, info, None, (1,), f"{name} alone", plan, work)
+                shape_ms[key] = 1000.0 / alone["tok_s"]["1"]
+            entry["step_ms"] = round(shape_ms[key], 2)
+            entry["cost_ratio"] = round(shape_ms[key] / step_ms_target, 3) if step_ms_target else None
+            entry["params"] = info.params
+        else:
+            entry["cost_ratio"] = None
+        if name == plan.draft:
+            entry[f"acceptance_rate_k{plan.k}"] = runs[spec_label]["acceptance_rate"]
+            entry[f"mean_acceptance_length_k{plan.k}"] = runs[spec_label]["mean_acceptance_length"]
+        drafts[name] = entry
+
+    throughput: dict[str, dict[str, float | None]] = {}
+    for n in streams:
+        off = runs["off"]["tok_s"][str(n)]
+        sp = runs[spec_label]["tok_s"][str(n)]
+        throughput[str(n)] = {"off": off, spec_label: sp, "speculation_gain": round(sp / off, 3) if off else None}
+    result: dict[str, Any] = {
+        "models_dir": str(models_dir),
+        "recipe": manifest.recipe.get("name", "tiny"),
+        "measured_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "machine": {"cpus": os.cpu_count(), "load_average": [round(x, 2) for x in os.getloadavg()]},
+        "plan": {"streams": list(streams), "draft": plan.draft, "k": plan.k, "max_tokens": plan.max_tokens},
+        "target": {"params": manifest.target.params, "step_ms": round(step_ms_target, 2) if step_ms_target else None},
+        "drafts": drafts,
+        "throughput": throughput,
+        "crossover_streams": crossover(throughput, spec_label),
+        "step_cost": fitted_step_cost(
+            throughput, spec_label, plan.k, runs[spec_label]["mean_acceptance_length"]
+        ),
+        "engine_startup_s": {label: r["startup_s"] for label, r in runs.items()},
+    }
+    _store(models_dir, result)
+    if own_dir:
+        import shutil
+
+        shutil.rmtree(work, ignore_errors=True)
+    return result
+
+
+def crossover(throughput: dict[str, dict[str, float | None]], spec_label: str) -> list[int] | None:
+    """The adjacent stream counts between which speculation stops paying: ``[last n it wins, first n it
+    loses]``; None when it wins everywhere or loses everywhere measured."""
+    ns = sorted(int(n) for n in throughput)
+    wins = [(throughput[str(n)][spec_label] or 0.0) > (throughput[str(n)]["off"] or 0.0) for n in ns]
+    for i in range(1, len(ns)):
+        if wins[i - 1] and not wins[i]:
+            return [ns[i - 1], ns[i]]
+    return None
+
+
+def fitted_step_cost(
+    throughput: dict[str, dict[str, float | None]], spec_label: str, k: int, mean_acceptance_length: float | None
+) -> dict[str, Any]:
+    """T(B, K) (``policies.step_cost``) fitted to the measured rows, for the controller's step-cost model.
+
+    A row at n streams runs batch n: without speculation a step makes n tokens, so T = n / tok_s; with
+    K it makes n × L (L the mean acceptance length, bonus token included), so T = n·L / tok_s.
+    """
+    from policies.step_cost import fit_step_cost
+
+    b: list[float] = []
+    kk: list[float] = []
+    t: list[float] = []
+    for n, row in throughput.items():
+        off, sp = row.get("off"), row.get(spec_label)
+        rows = [(0.0, float(n) / off)] if off else []
+        if sp and mean_acceptance_length:
+            rows.append((float(k), float(n) * mean_acceptance_length / sp))
+        for k_row, step_s in rows:
+            b.append(float(n))
+            kk.append(k_row)
+            t.append(step_s)
+    fit = fit_step_cost(b, kk, t)
+    if fit.model is None:
+        return {"model": None, "reason": str(fit.reason), "message": fit.message}
+    m = fit.model
+    return {
+        "model": {name: round(float(getattr(m, name)), 7)
+                  for name in ("fixed_s", "per_token_s", "draft_fixed_s", "draft_per_seq_s")},
+        "reason": str(fit.reason),
+        "message": fit.message,
+    }
+
+
+def _shape(info: ModelInfo) -> tuple[int, ...]:
+    cfg = json.loads((Path(info.path) / "config.json").read_text())
+    return (int(cfg["hidden_size"]), int(cfg["num_hidden_layers"]), int(cfg["intermediate_size"]))
+
+
+def _kv_space_gib(manifest: Manifest, streams: int, plan: CalibrationPlan) -> int:
+    """KV memory (GiB) for every stream at full length with lookahead, doubled for the draft and slack."""
+    per_token = manifest.target.kv_bytes_per_token
+    need = 2 * per_token * streams * plan.max_model_len
+    return max(1, math.ceil(need / _GIB))
+
+
+def _engine(
+    manifest: Manifest,
+    model: ModelInfo,
+    spec: dict[str, Any] | None,
+    streams: tuple[int, ...],
+    label: str,
+    plan: CalibrationPlan,
+    work: Path,
+) -> dict[str, Any]:
+    slug = label.replace("/", "_").replace("=", "").replace(" ", "_")
+    run_dir = work / slug
+    run_dir.mkdir(parents=True, exist_ok=True)
+    out = run_dir / "result.json"
+    log_path = run_dir / "engine.log"
+    args = {
+        "label": label,
+        "model": model.path,
+        "tokenizer": manifest.tokenizer_path,
+        "speculative_config": spec,
+        "streams": list(streams),
+        "max_tokens": plan.max_tokens,
+        "max_model_len": plan.max_model_len,
+    }
+    env = {
+        **os.environ,
+        "TMPDIR": str(run_dir),
+        "VLLM_CACHE_ROOT": str(run_dir / "vllm-cache"),
+        "TORCHINDUCTOR_CACHE_DIR": str(run_dir / "inductor"),
+        "VLLM_CPU_KVCACHE_SPACE": str(_kv_space_gib(manifest, max(streams), plan)),
+    }
+    log.info("calibrate: %s at %s streams (engine log %s)", label, ",".join(map(str, streams)), log_path)
+    with log_path.open("w") as fh:
+        try:
+            proc = subprocess.run(
+                [sys.executable, "-m", "tuner.lab.calibrate_worker", json.dumps(args), str(out)],
+                stdout=fh, stderr=subprocess.STDOUT, env=env, timeout=plan.engine_timeout_s, check=False,
+            )
+        except subprocess.TimeoutExpired as e:
+            raise CalibrationError(
+                f"{label}: the engine did not finish in {plan.engine_timeout_s:.0f} s; see {log_path}"
+            ) from e
+    if proc.returncode != 0 or not out.exists():
+        tail = log_path.read_text(errors="replace").strip().splitlines()[-5:]
+        raise CalibrationError(
+            f"{label}: the engine exited with {proc.returncode}; see {log_path}. Last lines: " + " | ".join(tail)
+        )
+    result: dict[str, Any] = json.loads(out.read_text())
+    log.info("calibrate: %s: %s tok/s", label, result["tok_s"])
+    return result
+
+
+def _store(models_dir: Path, result: dict[str, Any]) -> None:
+    path = models_dir / MANIFEST
+    data = json.loads(path.read_text())
+    data["calibration"] = result
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.replace(path)
