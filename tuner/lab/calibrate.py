@@ -22,6 +22,7 @@ import json
 import logging
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.lab.models import MANIFEST, Manifest, ModelInfo, load_manifest
+from tuner.lab.serve import engine_tmp_dir
 
 log = logging.getLogger(__name__)
 
@@ -119,8 +121,6 @@ def calibrate(models_dir: Path, plan: CalibrationPlan | None = None, work_dir: P
     }
     _store(models_dir, result)
     if own_dir:
-        import shutil
-
         shutil.rmtree(work, ignore_errors=True)
     return result
 
@@ -205,11 +205,16 @@ def _engine(
         "max_tokens": plan.max_tokens,
         "max_model_len": plan.max_model_len,
     }
+    tmp, owned = engine_tmp_dir(run_dir)
+    tmp.mkdir(parents=True, exist_ok=True)
     env = {
         **os.environ,
-        "TMPDIR": str(run_dir),
+        "TMPDIR": str(tmp),
         "VLLM_CACHE_ROOT": str(run_dir / "vllm-cache"),
         "TORCHINDUCTOR_CACHE_DIR": str(run_dir / "inductor"),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
         "VLLM_CPU_KVCACHE_SPACE": str(_kv_space_gib(manifest, max(streams), plan)),
     }
     log.info("calibrate: %s at %s streams (engine log %s)", label, ",".join(map(str, streams)), log_path)
@@ -223,6 +228,9 @@ def _engine(
             raise CalibrationError(
                 f"{label}: the engine did not finish in {plan.engine_timeout_s:.0f} s; see {log_path}"
             ) from e
+        finally:
+            if owned:
+                shutil.rmtree(tmp, ignore_errors=True)
     if proc.returncode != 0 or not out.exists():
         tail = log_path.read_text(errors="replace").strip().splitlines()[-5:]
         raise CalibrationError(

@@ -79,6 +79,18 @@ def speculative_config(
     return cfg
 
 
+def engine_tmp_dir(workdir: Path) -> tuple[Path, bool]:
+    """A TMPDIR for a vLLM engine working in ``workdir``, and whether it is a private one to remove.
+
+    ZeroMQ puts IPC sockets in TMPDIR and a socket path must fit in 107 bytes: ``workdir/tmp`` when it
+    fits, else a short private directory under the system temp.
+    """
+    candidate = workdir / "tmp"
+    if len(str(candidate)) + 1 + _ZMQ_SOCKET_NAME_LEN <= _SUN_PATH_MAX:
+        return candidate, False
+    return Path(tempfile.mkdtemp(prefix="spectuner-")), True
+
+
 @dataclass
 class LabServer:
     """A real vLLM server on the lab models. Use as a context manager, or ``start()`` / ``stop()``."""
@@ -168,12 +180,7 @@ class LabServer:
         work directory deep in a test tree gets a short private directory instead, removed on stop."""
         assert self.workdir is not None
         if self._tmp_dir is None:
-            candidate = self.workdir / "tmp"
-            if len(str(candidate)) + 1 + _ZMQ_SOCKET_NAME_LEN <= _SUN_PATH_MAX:
-                self._tmp_dir = candidate
-            else:
-                self._tmp_dir = Path(tempfile.mkdtemp(prefix="spectuner-"))
-                self._owns_tmp = True
+            self._tmp_dir, self._owns_tmp = engine_tmp_dir(self.workdir)
         return self._tmp_dir
 
     def env(self) -> dict[str, str]:
