@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.unit.tuner.lab.conftest import spectuner
 from tuner.lab.calibrate import CalibrationPlan, calibrate, crossover, fitted_step_cost
 from tuner.lab.closed_loop import GPU_LIKE_STEP_COST, LAB_DRAFT_COST_RATIO, LAB_STEP_COST, lab_cost_model
 from tuner.lab.models import BUILDER_VERSION, Manifest, ModelInfo
@@ -42,21 +40,6 @@ def test_no_crossover_when_the_rows_do_not_show_one(pairs: dict[int, tuple[float
     assert crossover(_rows(pairs), "good/K=3") is None
 
 
-@pytest.fixture
-def fake_models(tmp_path: Path) -> Path:
-    """A manifest without weights: enough for the checks made before any engine starts."""
-    d = tmp_path / "models"
-    d.mkdir()
-    m = Manifest(
-        build_key="x", builder_version=BUILDER_VERSION, tokenizer_path=str(d / "tokenizer"),
-        target=ModelInfo(name="target", path=str(d / "target")),
-        drafts={"good": ModelInfo(name="good", path=str(d / "draft-good")),
-                "ngram": ModelInfo(name="ngram", path="", method="ngram")},
-        build_seconds=0.0,
-    )
-    (d / "manifest.json").write_text(json.dumps(m.to_json()))
-    return d
-
 
 @pytest.mark.parametrize("draft", ["nope", "ngram"])
 def test_calibrate_refuses_a_draft_that_is_not_a_draft_model(fake_models: Path, draft: str) -> None:
@@ -64,10 +47,6 @@ def test_calibrate_refuses_a_draft_that_is_not_a_draft_model(fake_models: Path, 
         calibrate(fake_models, CalibrationPlan(draft=draft))
     assert not list(fake_models.glob("calibrate-*")), "nothing is started or left behind"
 
-
-def _spectuner(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tuner.cli.main", *args], capture_output=True, text=True,
-                          timeout=60)
 
 
 @pytest.mark.parametrize(
@@ -79,14 +58,14 @@ def _spectuner(*args: str) -> subprocess.CompletedProcess[str]:
     ],
 )
 def test_cli_bad_input_is_one_line_and_exit_2(fake_models: Path, args: list[str], says: str) -> None:
-    r = _spectuner("lab", "calibrate", "--models-dir", str(fake_models), *args)
+    r = spectuner("lab", "calibrate", "--models-dir", str(fake_models), *args)
     assert r.returncode == 2, r.stderr
     assert says in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
 
 
 def test_cli_without_models_names_the_build_command(tmp_path: Path) -> None:
-    r = _spectuner("lab", "calibrate", "--models-dir", str(tmp_path / "nothing"))
+    r = spectuner("lab", "calibrate", "--models-dir", str(tmp_path / "nothing"))
     assert r.returncode == 2
     assert "spectuner lab build-models" in r.stderr
 
@@ -100,7 +79,9 @@ def test_the_fitted_step_cost_reproduces_the_measured_throughput() -> None:
         return (true["fixed_s"] + true["per_token_s"] * b * (kk + 1)
                 + kk * (true["draft_fixed_s"] + true["draft_per_seq_s"] * b))
 
-    rows = {str(b): {"off": b / step(b, 0), "good/K=3": b * length / step(b, k)} for b in (1, 4, 16, 32, 64)}
+    rows: dict[str, dict[str, float | None]] = {
+        str(b): {"off": b / step(b, 0), "good/K=3": b * length / step(b, k)} for b in (1, 4, 16, 32, 64)
+    }
     fitted = fitted_step_cost(rows, "good/K=3", k, length)
     assert fitted["reason"] == "ok"
     for name, value in true.items():

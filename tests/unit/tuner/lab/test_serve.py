@@ -2,48 +2,25 @@
 
 from __future__ import annotations
 
-import json
 import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tuner.lab.models import BUILDER_VERSION, Manifest, ModelInfo, kv_bytes_per_token
+from tests.unit.tuner.lab.conftest import spectuner
+from tuner.lab.models import kv_bytes_per_token
 from tuner.lab.serve import LabServer, LabUsageError, parse_per_batch_size, speculative_config
 
 
-def _spectuner(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tuner.cli.main", *args], capture_output=True, text=True,
-                          timeout=60)
-
-
-@pytest.fixture
-def fake_models(tmp_path: Path) -> Path:
-    """A manifest as `lab build-models` writes it; serve checks it before touching vLLM."""
-    d = tmp_path / "models"
-    d.mkdir()
-    m = Manifest(
-        build_key="x", builder_version=BUILDER_VERSION, tokenizer_path=str(d / "tokenizer"),
-        target=ModelInfo(name="target", path=str(d / "target")),
-        drafts={"good": ModelInfo(name="good", path=str(d / "draft-good")),
-                "ngram": ModelInfo(name="ngram", path="", method="ngram")},
-        build_seconds=0.0,
-    )
-    (d / "manifest.json").write_text(json.dumps(m.to_json()))
-    return d
-
-
 def test_serve_without_models_names_build_command(tmp_path: Path) -> None:
-    r = _spectuner("lab", "serve", "--models-dir", str(tmp_path / "nothing"))
+    r = spectuner("lab", "serve", "--models-dir", str(tmp_path / "nothing"))
     assert r.returncode == 2
     assert "spectuner lab build-models" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
 
 
 def test_serve_unknown_draft_lists_choices(fake_models: Path) -> None:
-    r = _spectuner("lab", "serve", "--models-dir", str(fake_models), "--draft", "nope")
+    r = spectuner("lab", "serve", "--models-dir", str(fake_models), "--draft", "nope")
     assert r.returncode == 2
     assert "unknown draft 'nope'" in r.stderr and "good" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
@@ -54,13 +31,13 @@ def test_serve_busy_port_names_the_option(fake_models: Path) -> None:
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        r = _spectuner("lab", "serve", "--models-dir", str(fake_models), "--port", str(port))
+        r = spectuner("lab", "serve", "--models-dir", str(fake_models), "--port", str(port))
     assert r.returncode == 2
     assert f"port {port}" in r.stderr and "--port" in r.stderr
 
 
 def test_bad_per_batch_size_table(fake_models: Path) -> None:
-    r = _spectuner("lab", "serve", "--models-dir", str(fake_models), "--per-batch-size", "2-4:1")
+    r = spectuner("lab", "serve", "--models-dir", str(fake_models), "--per-batch-size", "2-4:1")
     assert r.returncode == 2
     assert "start at batch size 1" in r.stderr
 
