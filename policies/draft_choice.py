@@ -321,6 +321,9 @@ class DraftDecision:
     trigger: TriggerCheck
     ranking: tuple[CandidateScore, ...] = ()
     current: CandidateScore | None = None
+    # a candidate beats the running draft on its newest slice of evidence but not yet over the trigger's
+    # duration: K is held (a restart would throw the evidence away and delay the swap by a duration)
+    swap_pending: str | None = None
 
 
 def _posterior(
@@ -450,8 +453,67 @@ def _confidently_better(
     judged = trigger.reason in (TriggerReason.ABOVE_THRESHOLD, TriggerReason.RECOVERED)
     if current is None or current.k <= 0 or not judged:
         return None
+    return _beating(ranking, current)
+
+
+def _beating(ranking: Sequence[CandidateScore], current: CandidateScore) -> CandidateScore | None:
+    """The candidate with the highest lower end among those whose lower end is above ``current``'s upper end."""
     usable = [s for s in ranking if s.fits_memory and s.k > 0 and s.speedup_ci[0] > current.speedup_ci[1]]
     return max(usable, key=lambda s: s.speedup_ci[0], default=None)
+
+
+def _measured_score(
+    snapshot: DraftChoiceSnapshot, current: DraftCandidate, windows: Sequence[SpecWindow]
+) -> CandidateScore | None:
+    """The running draft scored on its pooled α over ``windows``, its interval as wide as their spread says
+    (counts divided by φ); None without usable counters."""
+    pooled, spread = AcceptanceEvidence(), DispersionSums()
+    for w in windows:
+        result = evidence_from_counters(w.counters)
+        if result.evidence is not None:
+            pooled = pooled + result.evidence
+            spread = spread.add(result.evidence.successes, result.evidence.trials)
+    if pooled.trials <= 0:
+        return None
+    _, ci, _ = _posterior(0.5, 0.0, pooled.scaled(1.0 / spread.phi), snapshot.config.confidence)
+    return _score(
+        snapshot,
+        current.name,
+        current.footprint(),
+        current.cost_ratio_for(snapshot.target_params),
+        pooled.successes / pooled.trials,
+        ci,
+        "measured",
+    )
+
+
+def _beaten_lately(
+    snapshot: DraftChoiceSnapshot, current: DraftCandidate, ranking: Sequence[CandidateScore]
+) -> str | None:
+    """Why K should wait for a swap: on the newest slice of the trigger's duration (``segments``), covered
+    and holding its share of ``min_drafts``, a candidate's predicted speedup's lower end is above the
+    running draft's upper end (φ-widened) — the acceptance just moved and the older windows still vouch
+    for the running draft. None otherwise. Tuning K now would restart the engine under a new config whose
+    evidence starts from nothing, delaying the swap by a whole duration (gpu_code_rag: K 5 → 2 at the
+    start of the code period, the swap to ngram 720 s later)."""
+    cfg = snapshot.config
+    span = cfg.duration_s / cfg.segments
+    since = snapshot.now - timedelta(seconds=span)
+    part = [w for w in snapshot.windows if w.end > since and w.start < snapshot.now]
+    covered = sum((min(w.end, snapshot.now) - max(w.start, since)).total_seconds() for w in part)
+    drafts = sum(w.counters.drafts for w in part)
+    if covered < cfg.coverage * span or drafts < cfg.min_drafts / cfg.segments:
+        return None
+    lately = _measured_score(snapshot, current, part)
+    if lately is None or lately.k <= 0:
+        return None
+    best = _beating(ranking, lately)
+    if best is None:
+        return None
+    return (
+        f"over the last {span:.0f} s the running draft is at {_current(lately)}, below {best.name}'s "
+        f"{best.speedup:.2f}× (interval {best.speedup_ci[0]:.2f}–{best.speedup_ci[1]:.2f}×)"
+    )
 
 
 def _current(score: CandidateScore | None) -> str:
@@ -465,31 +527,13 @@ def choose_draft(snapshot: DraftChoiceSnapshot) -> DraftDecision:
     cfg = snapshot.config
     trigger = check_trigger(snapshot.windows, snapshot.now, cfg)
     by_name = {c.name: c for c in snapshot.candidates}
-    current_score: CandidateScore | None = None
     current = by_name.get(snapshot.current) if snapshot.current else None
-    pooled = AcceptanceEvidence()
-    spread = DispersionSums()
-    for w in snapshot.windows:
-        result = evidence_from_counters(w.counters)
-        if result.evidence is not None:
-            pooled = pooled + result.evidence
-            spread = spread.add(result.evidence.successes, result.evidence.trials)
-    if current is not None and pooled.trials > 0:
-        # the running draft's interval as wide as its windows' spread says (counts divided by φ)
-        _, ci, _ = _posterior(0.5, 0.0, pooled.scaled(1.0 / spread.phi), cfg.confidence)
-        current_score = _score(
-            snapshot,
-            current.name,
-            current.footprint(),
-            current.cost_ratio_for(snapshot.target_params),
-            pooled.successes / pooled.trials,
-            ci,
-            "measured",
-        )
+    current_score = _measured_score(snapshot, current, snapshot.windows) if current is not None else None
     ranking = _rank(snapshot)
     if not trigger.triggered:
         opportunistic = [s for s in ranking if s.name not in snapshot.not_opportunistic]
         beats = _confidently_better(opportunistic, current_score, trigger)
+        pending = None if beats is not None or current is None else _beaten_lately(snapshot, current, opportunistic)
         if beats is not None:
             chosen = by_name[beats.name]
             return DraftDecision(
@@ -517,6 +561,7 @@ def choose_draft(snapshot: DraftChoiceSnapshot) -> DraftDecision:
             trigger,
             (),
             current_score,
+            pending,
         )
     usable = [s for s in ranking if s.fits_memory and s.k > 0]
     # Measured history first among equals: sort by speedup, then by how much of α was measured.

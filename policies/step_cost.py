@@ -319,6 +319,39 @@ def fit_step_cost(
     return StepCostFit(model, reason, message, n, c, c_ci)
 
 
+def fit_target_cost(
+    batch_size: ArrayLike,
+    k: ArrayLike,
+    step_time_s: ArrayLike,
+    weight: ArrayLike,
+    row_cost_ratio: ArrayLike,
+    draft_cost_ratio: float,
+    draft_pass_at_k0: ArrayLike = False,
+) -> StepCostFit:
+    """The target's two parameters from steps under several drafts, each observation's draft pass taken
+    as its own draft's ``row_cost_ratio`` × the target's (0 for a step without a draft); the model's
+    draft part is ``draft_cost_ratio`` × the target's. Purely computational.
+
+    The target's cost is the same whatever draft runs beside it, so steps under other drafts measure it
+    too: after a swap the new draft's steps alone (one K, one batch size) cannot tell a per-token cost
+    from a fixed one, the steps before the swap can."""
+    b = np.asarray(batch_size, dtype=float).ravel()
+    kk = np.asarray(k, dtype=float).ravel()
+    y = np.asarray(step_time_s, dtype=float).ravel()
+    w = np.asarray(weight, dtype=float).ravel()
+    cr = np.asarray(row_cost_ratio, dtype=float).ravel()
+    n = y.size
+    if not (b.size == kk.size == w.size == cr.size == n) or n == 0:
+        return StepCostFit(None, StepCostReason.INVALID_INPUT, "observations and cost ratios must align.", n)
+    bad = _invalid_rows(b, kk, y, w)
+    if bad:
+        return StepCostFit(None, StepCostReason.INVALID_INPUT, bad, n)
+    if not np.all(np.isfinite(cr) & (cr >= 0)):
+        return StepCostFit(None, StepCostReason.INVALID_INPUT, "cost ratios must be finite and ≥ 0.", n)
+    passes = design_matrix(b, kk, np.broadcast_to(np.asarray(draft_pass_at_k0, bool), (n,)))[:, 2]
+    return _fit_fixed_ratio(b, kk, y, w, n, float(draft_cost_ratio), passes, cr)
+
+
 def _fit_fixed_ratio(
     b: NDArray[np.float64],
     kk: NDArray[np.float64],
@@ -327,25 +360,31 @@ def _fit_fixed_ratio(
     n: int,
     c: float,
     passes: NDArray[np.float64],
+    row_c: NDArray[np.float64] | None = None,
 ) -> StepCostFit:
     """T(B, K) = fixed_s·(1 + D·c) + per_token_s·B·(K + 1 + D·c) with D draft passes (K, or 1 at a
-    loaded K = 0): the draft's part is c × the target's."""
+    loaded K = 0): the draft's part is c × the target's.
+
+    At one batch size B₀ the per-token cost is still identified when D varies: the slope in D is
+    c·T(B₀, 0) + per_token_s·B₀, so given c it measures per_token_s (verifying K more tokens per
+    sequence is not free at B₀ = 16). Without it the model is Leviathan's there and over-speculates."""
     check_cost_ratio(c)
-    x = np.column_stack([1.0 + passes * c, b * (kk + 1.0 + passes * c)])
-    batch_varied = np.unique(b).size >= 2
-    if not batch_varied:
+    cs = np.full_like(y, c) if row_c is None else row_c
+    x = np.column_stack([1.0 + passes * cs, b * (kk + 1.0 + passes * cs)])
+    per_token_seen = bool(np.linalg.matrix_rank(x / np.abs(x).max(axis=0).clip(min=1e-300)) >= 2)
+    if not per_token_seen:
         x[:, 1] = 0.0
     sw = np.sqrt(w)
     xw, yw = x * sw[:, None], y * sw
     scale = max(float(np.abs(yw).max()), 1e-12)
     sol_x, _ = optimize.nnls(xw / scale, yw / scale)
     a, p = (max(float(v), 0.0) for v in sol_x)
-    if not batch_varied:
+    if not per_token_seen:
         p = 0.0
     if a + p <= 0.0:
-        a = float(np.average(y / (1.0 + kk * c), weights=w))
+        a = float(np.average(y / (1.0 + passes * cs), weights=w))
     resid = yw - xw @ np.array([a, p])
-    active = [0, 1] if batch_varied else [0]
+    active = [0, 1] if per_token_seen else [0]
     sigma2 = float(resid @ resid) / max(n - len(active), 1)
     cov2 = np.zeros((2, 2))
     cov2[np.ix_(active, active)] = sigma2 * np.linalg.pinv(xw[:, active].T @ xw[:, active])
@@ -360,13 +399,20 @@ def _fit_fixed_ratio(
         covariance=tuple(tuple(float(v) for v in row) for row in cov),
         residual_std_s=math.sqrt(sigma2 / float(np.mean(w))),
     )
-    where = "" if batch_varied else f", flat in B (every observation at B = {b[0]:g})"
+    where = (
+        ""
+        if np.unique(b).size >= 2
+        else f", per-token cost from the slope in K at B = {b[0]:g}"
+        if per_token_seen
+        else f", flat in B (every observation at B = {b[0]:g})"
+    )
     seen = ", ".join(str(int(v)) for v in np.unique(kk))
+    others = "" if row_c is None else " (steps under other drafts too, each at its own cost ratio)"
     return StepCostFit(
         model,
         StepCostReason.FIXED_COST_RATIO,
-        f"target cost fitted from {n} observations at K = {seen}{where}, the draft's taken as c = {c:.3f} × "
-        "the target's; steps at other K and batch sizes would measure c.",
+        f"target cost fitted from {n} observations{others} at K = {seen}{where}, the draft's taken as c = "
+        f"{c:.3f} × the target's; steps at other K and batch sizes would measure c.",
         n,
         c,
         (c, c),

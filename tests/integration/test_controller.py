@@ -25,6 +25,7 @@ from tuner.controller.audit import CHANGE
 from tuner.controller.controller import REJECTED, SUPERSEDED, Controller
 from tuner.controller.evidence import LoadProfile
 from tuner.controller.settings import ControllerSettings, PolicySettings
+from tuner.controller.step_cost import config_specs, step_cost_from_steps
 from tuner.store import AppliedBy, DecisionRecord, DecisionStatus, EngineConfigRecord, Store
 
 URL = "http://127.0.0.1:8000/metrics"
@@ -542,6 +543,55 @@ def test_the_step_cost_fitted_from_plugin_steps_drives_the_decision(
     assert fitted.per_token_s == pytest.approx(0.01, rel=0.05)
     assert rows[-1].decision.proposed_config == {"method": "off", "num_speculative_tokens": 0}
     assert K8 not in act.applied
+
+
+def test_after_a_swap_the_steps_under_the_old_draft_measure_the_target(
+    world: tuple[Store, FakeClock, FakeActuator],
+) -> None:
+    """16 requests all day: the 8B ran K = 2 and 5, then ngram K = 6. ngram's own steps (one K, one batch
+    size) cannot tell the target's per-token cost from its fixed cost; with the 8B's steps (its cost ratio
+    known) they can, so ngram's K is not chosen on a model where verifying 7 tokens per sequence is free."""
+    store, _, _ = world
+    old = store.current_config(KEY)
+    assert old is not None
+    eight_b = StepCostModel.from_cost_ratio(0.08, target_step_s=0.025, per_token_s=0.0001)
+    ngram = StepCostModel.from_cost_ratio(0.008, target_step_s=0.025, per_token_s=0.0001)
+    ngram_spec = SpecConfig("ngram", None, 6)
+    store.record_config(KEY, EngineConfigRecord.of(ngram_spec, T0 + timedelta(seconds=600), AppliedBy.RESTART))
+    new = store.current_config(KEY)
+    assert new is not None and new.id != old.id
+
+    def steps(at: datetime, k: int, model: StepCostModel, config_id: int) -> list[StepRecord]:
+        return [
+            StepRecord(
+                ts=at + timedelta(seconds=i),
+                key=KEY,
+                batch_size=16,
+                step_time_s=model.step_time_s(16, k),
+                spec=iid(0.8, k, 16),
+                num_scheduled_tokens=16 * (k + 1),
+                config_id=config_id,
+            )
+            for i in range(40)
+        ]
+
+    store.write_steps(steps(T0, 2, eight_b, old.id) + steps(T0 + timedelta(seconds=100), 5, eight_b, old.id))
+    store.write_steps(steps(T0 + timedelta(seconds=700), 6, ngram, new.id))
+    now = T0 + timedelta(seconds=800)
+    specs = config_specs(store, [KEY], now, 86400)
+    section = SETTINGS.policy.policy
+
+    def ratio(spec: SpecConfig) -> float | None:
+        return 0.08 if spec.model == "/drafts/good" else None
+
+    fitted = step_cost_from_steps(store, [KEY], ngram_spec, specs, now, section, 0.008, cost_ratio_of=ratio)
+    assert fitted is not None
+    model, note, source = fitted
+    assert "steps under other drafts too" in note and source.startswith("fitted")
+    assert model.step_time_s(16, 8) == pytest.approx(ngram.step_time_s(16, 8), rel=1e-3)
+    assert model.per_token_s == pytest.approx(0.0001, rel=1e-3)
+    alone = step_cost_from_steps(store, [KEY], ngram_spec, specs, now, section, 0.008)
+    assert alone is not None and "flat in B" in alone[1]  # ngram's own steps: verification looks free
 
 
 def test_a_pinned_step_cost_is_not_refitted(world: tuple[Store, FakeClock, FakeActuator]) -> None:

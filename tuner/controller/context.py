@@ -261,7 +261,7 @@ def build_context(
         ctx, memory = _with_load(ctx, store, settings, memory)
     ctx = replace(ctx, running=running, failed=tuple(failed))
     ctx = replace(ctx, kv_capacity=kv_capacity(ctx, cache_config(store, keys), settings.policy))
-    ctx, memory = _with_step_cost(ctx, store, settings, running, memory)
+    ctx, memory = _with_step_cost(ctx, store, settings, running, everyone, memory)
     if settings.policy.swap is None or not configured:
         return ctx, memory
     if settings.fleet_prior:
@@ -467,9 +467,11 @@ def _with_step_cost(
     store: Store,
     settings: ControllerSettings,
     running: DraftCandidate | None,
+    candidates: Sequence[DraftCandidate],
     memory: ControllerMemory,
 ) -> tuple[DecisionContext, ControllerMemory]:
-    """T(B, K) of the running draft from the plugin's steps, refit every ``step_cost_refit_s`` or on a swap."""
+    """T(B, K) of the running draft from the plugin's steps, refit every ``step_cost_refit_s`` or on a swap.
+    ``candidates`` give the cost ratios of the other drafts whose steps also measure the target."""
     p = settings.policy.policy
     if not p.step_cost_fit:
         return ctx, memory
@@ -488,6 +490,9 @@ def _with_step_cost(
             p,
             p.cost_ratio if ratio is None else ratio,
             pinned=settings.policy.pinned_step_cost,
+            cost_ratio_of=lambda spec: next(
+                (c.cost_ratio_for(p.target_params) for c in candidates if same_draft(spec, c)), None
+            ),
         )
         memory = replace(memory, step_cost=(ctx.now, draft, fitted))
     if fitted is None:

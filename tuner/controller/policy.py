@@ -106,9 +106,11 @@ def propose(ctx: DecisionContext, settings: PolicySettings) -> PolicyOutcome:
 def _measured(ctx: DecisionContext, settings: PolicySettings) -> PolicyOutcome | AcceptanceChoice:
     """The acceptance model of the running config — or why K cannot be tuned now.
 
-    One α for a separate draft model or a lookup; for a head on the target's hidden states (EAGLE,
-    EAGLE-3, MTP) per-position acceptance, whose decline with position one α would overstate at a
-    larger K."""
+    For a head on the target's hidden states (EAGLE, EAGLE-3, MTP) per-position acceptance, whose decline
+    with position one α would overstate at a larger K. For a separate draft model or a lookup one α,
+    unless its positions disagree with one α beyond what the windows' own spread (φ) explains: prompt
+    lookup's copied spans end, a small draft drifts — one α then over-speculates (gpu_code_rag: ngram at
+    α̂ 0.82 from K = 3 went to K = 8, the best K being 5)."""
     if not ctx.current.speculates:
         return PolicyOutcome(PolicyReason.NO_SPECULATION, "Speculation is off: there is no acceptance to measure.")
     if ctx.spec.drafts == 0:
@@ -116,9 +118,14 @@ def _measured(ctx: DecisionContext, settings: PolicySettings) -> PolicyOutcome |
     model = alpha_model(ctx.alpha)
     if model is None:
         return PolicyOutcome(PolicyReason.NO_ESTIMATE, ctx.alpha.message)
+    k_max = max(settings.policy.k_max, ctx.current.k or 0, 1)
     if is_head_method(ctx.current.method) and ctx.positions.observed_positions >= 1:
-        k_max = max(settings.policy.k_max, ctx.current.k or 0)
-        return choose_acceptance_model(ctx.current.method, ctx.alpha, ctx.positions, max_k=max(k_max, 1))
+        return choose_acceptance_model(ctx.current.method, ctx.alpha, ctx.positions, max_k=k_max)
+    if ctx.positions.observed_positions >= 2:
+        phi = max(ctx.alpha.dispersion, 1.0)
+        choice = choose_acceptance_model(ctx.current.method, ctx.alpha, ctx.positions, max_k=k_max, dispersion=phi)
+        if choice.choice is not ModelChoice.CONSTANT_ALPHA:
+            return choice
     return AcceptanceChoice(model, ModelChoice.CONSTANT_ALPHA, "one α")
 
 
@@ -310,6 +317,14 @@ def propose_swap(ctx: DecisionContext, settings: PolicySettings) -> PolicyOutcom
     details = _draft_details(decision, swap)
     reason = _SWAP_REASONS.get(decision.reason)
     if reason is None:
+        if not trigger.triggered and decision.swap_pending is not None:
+            return PolicyOutcome(
+                PolicyReason.KEEP,
+                f"A swap looks likely ({decision.swap_pending}); confirming over {swap.duration_s:.0f} s, K "
+                "unchanged meanwhile.",
+                swap_pending=True,
+                details={**details, "swap_pending": True},
+            )
         if not trigger.triggered:
             return _swap_pending(ctx, settings, len(allowed) > 1, trigger.message)
         details["acceptance_low"] = trigger.message

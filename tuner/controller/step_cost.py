@@ -20,12 +20,20 @@ their measured mean: a linear T(B, K) misses engine quirks that decide K (see do
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 
 from collectors.records import EngineKey
 from policies.spec_config import SpecConfig
-from policies.step_cost import MeasuredStepCost, StepCostFit, StepCostModel, fit_step_cost, with_measured_cells
+from policies.step_cost import (
+    MeasuredStepCost,
+    StepCostFit,
+    StepCostModel,
+    StepCostReason,
+    fit_step_cost,
+    fit_target_cost,
+    with_measured_cells,
+)
 from tuner.config import PolicySection
 from tuner.store import Store
 
@@ -39,6 +47,7 @@ def step_cost_from_steps(
     settings: PolicySection,
     cost_ratio: float,
     pinned: StepCostModel | None = None,
+    cost_ratio_of: Callable[[SpecConfig], float | None] | None = None,
 ) -> tuple[StepCostModel, str, str] | None:
     """(model, note, source) for the running draft from the last ``step_cost_horizon_s`` of steps, or None when the
     steps are too few (or the plugin is not configured) and nothing is pinned. ``spec_of`` maps config
@@ -48,6 +57,11 @@ def step_cost_from_steps(
     steps without drafts under any config. Over it lie the measured cells of the running draft's engine
     (``policies.step_cost.with_measured_cells``): only its own steps, K = 0 included. The model returned
     has ``draft_pass_at_k0`` set when the running method runs its draft at K = 0.
+
+    When the running draft's own steps cannot separate the target's per-token cost from its fixed cost
+    (one K at one batch size: right after a swap), the target's two parameters are fitted from the steps
+    under every draft whose cost ratio ``cost_ratio_of`` knows (``policies.step_cost.fit_target_cost``):
+    the target costs the same whatever draft runs beside it.
     """
     since = now - timedelta(seconds=settings.step_cost_horizon_s)
     until = now + timedelta(microseconds=1)
@@ -55,6 +69,8 @@ def step_cost_from_steps(
     loaded = current.drafts_at_k0
     fit_rows: list[tuple[float, float, float, float, bool]] = []  # B, K, mean s, steps, draft pass at K = 0
     cell_rows: list[tuple[float, float, float, float]] = []
+    # every step whose draft's cost ratio is known: B, K, mean s, steps, draft pass at K = 0, cost ratio
+    target_rows: list[tuple[float, float, float, float, bool, float]] = []
     for key in keys:
         for config_id, b, k, mean_s, n in store.step_time_groups(key, since, until):
             spec = spec_of.get(config_id) if config_id is not None else None
@@ -62,19 +78,31 @@ def step_cost_from_steps(
             if same_draft:
                 cell_rows.append((float(b), float(k), mean_s, float(n)))
                 fit_rows.append((float(b), float(k), mean_s, float(n), loaded))
+                target_rows.append((float(b), float(k), mean_s, float(n), loaded, cost_ratio))
             elif k == 0 and not (spec is not None and spec.drafts_at_k0):  # no draft model ran: the target alone
                 fit_rows.append((float(b), 0.0, mean_s, float(n), False))
+                target_rows.append((float(b), 0.0, mean_s, float(n), False, 0.0))
+            elif spec is not None and cost_ratio_of is not None:
+                other = cost_ratio_of(spec)
+                if other is not None:
+                    target_rows.append((float(b), float(k), mean_s, float(n), spec.drafts_at_k0, other))
     steps = int(sum(r[3] for r in fit_rows))
     if pinned is not None:
         base, note, source = pinned, "T(B, K) pinned by [policy.step_cost]", "pinned"
-    elif steps < settings.step_cost_min_steps:
-        return None
     else:
-        batch, ks, times, weights, at_k0 = (list(col) for col in zip(*fit_rows, strict=True))
-        fit: StepCostFit = fit_step_cost(
-            batch, ks, times, weights, draft_cost_ratio=cost_ratio, draft_pass_at_k0=at_k0
-        )
-        if fit.model is None:
+        fit: StepCostFit | None = None
+        if steps >= settings.step_cost_min_steps:
+            batch, ks, times, weights, at_k0 = (list(col) for col in zip(*fit_rows, strict=True))
+            fit = fit_step_cost(batch, ks, times, weights, draft_cost_ratio=cost_ratio, draft_pass_at_k0=at_k0)
+        all_steps = int(sum(r[3] for r in target_rows))
+        if (
+            (fit is None or fit.reason is StepCostReason.FIXED_COST_RATIO)
+            and len(target_rows) > len(fit_rows)
+            and all_steps >= settings.step_cost_min_steps
+        ):
+            batch, ks, times, weights, at_k0, ratios = (list(col) for col in zip(*target_rows, strict=True))
+            fit, steps = fit_target_cost(batch, ks, times, weights, ratios, cost_ratio, at_k0), all_steps
+        if fit is None or fit.model is None:
             return None
         base, note, source = fit.model, f"T(B, K) fitted from {steps} steps: {fit.message}", "fitted"
     base = base.with_draft_pass_at_k0(loaded)

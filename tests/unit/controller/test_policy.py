@@ -161,6 +161,20 @@ def test_k_is_left_alone_while_low_acceptance_is_being_confirmed() -> None:
     assert not alone.swap_pending
 
 
+def test_k_is_left_alone_while_a_candidate_beats_the_running_draft_on_its_newest_evidence() -> None:
+    # The running draft's acceptance just fell 0.8 → 0.45 (above the 0.4 floor): on the newest 100 s the
+    # medium draft (prior 0.7) beats it, over the trigger's 300 s not yet. A K change now would restart the
+    # engine and begin the running draft's evidence again, delaying the swap by a whole duration.
+    wins = [iid_counters(0.8, 3, 200) for _ in range(25)] + [iid_counters(0.45, 3, 200) for _ in range(5)]
+    ctx = make_context(WEAK_SPEC, wins, window_s=20.0, candidates=(WEAK, MEDIUM), cost_ratio=0.1)
+    out = propose(ctx, SETTINGS)
+    assert out.reason is PolicyReason.KEEP and out.target is None and out.swap_pending
+    assert "medium" in out.message and "K unchanged" in out.message
+    # without the candidate, K is tuned for the running draft as before
+    alone = propose(make_context(WEAK_SPEC, wins, window_s=20.0, candidates=(WEAK,), cost_ratio=0.1), SETTINGS)
+    assert alone.target is not None and not alone.swap_pending
+
+
 def test_under_a_table_a_busy_spell_does_not_switch_speculation_off() -> None:
     # mostly 1 stream with bursts of 16: at a high mean batch no draft pays with one K; with a
     # table the candidates are ranked where the table speculates (the low end of the load). The table
@@ -250,17 +264,35 @@ def _declining(drafts: int, conditional: tuple[float, ...]) -> SpecCounters:
 
 def test_a_head_method_plans_k_with_per_position_acceptance() -> None:
     """The same counters under EAGLE (a head on the target's hidden states) and under a separate draft
-    model: one α pooled over positions 0.95 → 0.35 overstates the deep positions, so the head method's
-    per-position model stops at a smaller K and says why in the audit details."""
+    model: one α pooled over positions 0.95 → 0.35 overstates the deep positions, so both plan K per
+    position (the head by construction, the draft because its positions reject one α) and say why in the
+    audit details; where one α fits the positions, a draft model keeps it and a head does not."""
     windows = [_declining(400, (0.95, 0.8, 0.6, 0.45, 0.35)) for _ in range(30)]
     settings = PolicySettings(PolicySection(k_max=8, cost_ratio=0.02))
     head = propose_k(make_context(SpecConfig("eagle", "/heads/e1", 5), windows), settings)
     draft = propose_k(make_context(SpecConfig("draft_model", "/drafts/d1", 5), windows), settings)
     assert head.details["acceptance_model"]["choice"].startswith("positional")  # per position, with the reason
-    assert "acceptance_model" not in draft.details
-    k_head = head.target.k if head.target is not None else 5
-    k_draft = draft.target.k if draft.target is not None else 5
-    assert k_head is not None and k_draft is not None and k_head < k_draft
+    assert draft.details["acceptance_model"]["choice"] == "positional_constant_alpha_rejected"
+    assert (head.target.k if head.target else 5) == (draft.target.k if draft.target else 5) < 8
+    flat = [iid_counters(0.8, 5, 400) for _ in range(30)]
+    head_flat = propose_k(make_context(SpecConfig("eagle", "/heads/e1", 5), flat), settings)
+    draft_flat = propose_k(make_context(SpecConfig("draft_model", "/drafts/d1", 5), flat), settings)
+    assert head_flat.details["acceptance_model"]["choice"].startswith("positional")
+    assert "acceptance_model" not in draft_flat.details
+
+
+def test_a_draft_models_falling_positions_stop_k_before_one_alpha_would() -> None:
+    # ngram on code/RAG: copied spans end, so acceptance falls 0.85 → 0.77 over K = 3's positions; one α
+    # (0.81) would plan K = 7 at batch 16, the positions say fewer; counters one α explains keep K = 7.
+    cost = StepCostModel.from_cost_ratio(0.008, 0.025, 0.0001)
+    settings = PolicySettings(PolicySection(k_max=8, cost_ratio=0.008, step_cost=pinned(cost)))
+    spec = SpecConfig("ngram", None, 3)
+    falling = [_declining(4000, (0.85, 0.81, 0.77)) for _ in range(30)]
+    out = propose_k(make_context(spec, falling, batch=16.0), settings)
+    assert out.details["acceptance_model"]["choice"] == "positional_constant_alpha_rejected"
+    assert out.target is not None and out.target.k is not None and 4 <= out.target.k <= 6
+    one_alpha = propose_k(make_context(spec, [iid_counters(0.81, 3, 4000) for _ in range(30)], batch=16.0), settings)
+    assert one_alpha.target is not None and one_alpha.target.k == 7 and "acceptance_model" not in one_alpha.details
 
 
 def test_an_mtp_engine_is_a_running_candidate_without_a_draft_path() -> None:

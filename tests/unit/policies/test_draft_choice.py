@@ -234,6 +234,37 @@ def test_a_draft_the_floor_just_swapped_out_is_not_proposed_back_beyond_failure(
     assert low.reason is DraftReason.FALLBACK_NGRAM
 
 
+def _shifted(before: float, after: float, n_after: int, n: int = 10) -> list[SpecWindow]:
+    """``n`` 60 s windows ending at NOW: α ``before``, then ``after`` in the last ``n_after``."""
+    old = _windows(before, n)[: n - n_after]
+    new = _windows(after, n)[n - n_after :]
+    return old + new
+
+
+def _shift_snapshot(ws: list[SpecWindow]) -> DraftChoiceSnapshot:
+    return DraftChoiceSnapshot(
+        now=NOW, current="running", current_k=5, windows=ws, candidates=(RUNNING_8B, NGRAM_60), history={},
+        batch_size=16, k_max=8, step_cost=StepCostModel.from_cost_ratio(0.08, 0.025, 0.0001),
+        config=DraftTriggerConfig(threshold=0.4, duration_s=600, min_drafts=2000, segments=3),
+    )  # fmt: skip
+
+
+def test_a_candidate_that_beats_the_running_draft_on_its_newest_slice_holds_k_for_the_swap() -> None:
+    # gpu_code_rag at the start of the code period: the 8B falls from 0.8 to 0.45 and ngram (prior 0.6)
+    # would beat it, but the older windows still vouch for the 8B over the trigger's 600 s. A K change now
+    # would restart the engine and begin the 8B's evidence again: the swap came 720 s after it.
+    held = choose_draft(_shift_snapshot(_shifted(0.8, 0.45, 4)))
+    assert held.reason is DraftReason.KEEP_NOT_TRIGGERED and held.candidate is None
+    assert held.swap_pending is not None and "ngram" in held.swap_pending
+    # once the whole duration is at the new acceptance, the swap itself is proposed
+    assert choose_draft(_shift_snapshot(_windows(0.45))).reason is DraftReason.FALLBACK_NGRAM
+    # nothing pending when the running draft is fine lately, or its newest slice holds too few drafts
+    assert choose_draft(_shift_snapshot(_windows(0.8))).swap_pending is None
+    assert choose_draft(_shift_snapshot(_shifted(0.45, 0.8, 4))).swap_pending is None
+    thin = [replace(w, counters=SpecCounters(100, 500, 60, (40, 15, 5, 0, 0), 5)) for w in _windows(0.45)][-4:]
+    assert choose_draft(_shift_snapshot(_shifted(0.8, 0.45, 4)[:6] + thin)).swap_pending is None
+
+
 # gpu_memory_bound: 70B FP8 with 8k contexts; the 8B draft leaves room for 15 sequences, the 1B for 21
 BIG_8B = DraftCandidate("8b", "draft_model", "/m/8b", params=8_000_000_000, dtype="fp8", kv_bytes_per_token=131072,
                         prior_alpha=0.75, cost_ratio=0.08)  # fmt: skip

@@ -24,6 +24,7 @@ from policies.step_cost import (
     batch_cell,
     design_matrix,
     fit_step_cost,
+    fit_target_cost,
     step_times_table,
     with_measured_cells,
 )
@@ -111,6 +112,44 @@ def test_one_batch_size_gives_a_flat_model_and_says_so() -> None:
     assert fit.model.step_time_s(4, 3) == pytest.approx(0.016, rel=1e-6)
     assert fit.cost_ratio == pytest.approx(0.2, rel=1e-6)
     assert "batch size 4" in fit.message
+
+
+def test_two_k_at_one_batch_size_measure_the_per_token_cost_given_the_cost_ratio() -> None:
+    # gpu_code_rag's chat: 16 requests all day, K = 3 then 5. The slope in K at B = 16 is c·T(16, 0) plus
+    # the verification of one more token per sequence; with c known it gives per_token_s, and the best K
+    # at 16 is 4 — a model flat in B (Leviathan's, per_token_s = 0) said 5 and more.
+    truth = StepCostModel.from_cost_ratio(0.08, target_step_s=0.025, per_token_s=0.0001)
+    y = [truth.step_time_s(16, 3), truth.step_time_s(16, 5)]
+    fit = fit_step_cost([16, 16], [3, 5], y, weight=[27, 700], draft_cost_ratio=0.08)
+    assert fit.reason is StepCostReason.FIXED_COST_RATIO and fit.model is not None
+    assert fit.model.per_token_s == pytest.approx(0.0001, rel=1e-6)
+    assert fit.model.fixed_s == pytest.approx(0.025, rel=1e-6)
+    assert "slope in K at B = 16" in fit.message
+    alpha = ConstantAlphaModel(0.75, 0.74, 0.76)
+    best = choose_k(KChoiceSnapshot(now=NOW, acceptance=alpha, step_cost=fit.model, batch_size=16, k_max=8))
+    assert best.k == 4
+    # one K at one batch size still cannot tell a per-token cost from a fixed one: flat, as before
+    one = fit_step_cost([16], [3], y[:1], draft_cost_ratio=0.08)
+    assert one.model is not None and one.model.per_token_s == 0.0 and "flat in B" in one.message
+
+
+def test_steps_under_another_draft_measure_the_target_after_a_swap() -> None:
+    # Right after a swap to ngram (c ≈ 0.008) the engine has one K at one batch size of its own; the 8B's
+    # steps before the swap (c = 0.08, K = 3 and 5) measure the same target.
+    target = StepCostModel.from_cost_ratio(0.08, target_step_s=0.025, per_token_s=0.0001)
+    ngram = StepCostModel.from_cost_ratio(0.008, target_step_s=0.025, per_token_s=0.0001)
+    b, k = [16, 16, 16], [3, 5, 6]
+    y = [target.step_time_s(16, 3), target.step_time_s(16, 5), ngram.step_time_s(16, 6)]
+    fit = fit_target_cost(b, k, y, [30, 700, 40], [0.08, 0.08, 0.008], draft_cost_ratio=0.008)
+    assert fit.model is not None and fit.reason is StepCostReason.FIXED_COST_RATIO
+    for name in ("fixed_s", "per_token_s", "draft_fixed_s", "draft_per_seq_s"):
+        assert getattr(fit.model, name) == pytest.approx(getattr(ngram, name), rel=1e-6)
+    assert "other drafts" in fit.message
+    # the new draft's steps alone are flat in B: K is over-chosen
+    alone = fit_step_cost([16], [6], y[2:], draft_cost_ratio=0.008)
+    assert alone.model is not None and alone.model.per_token_s == 0.0
+    bad = fit_target_cost(b, k, y, [1, 1, 1], [0.08, -1.0, 0.008], draft_cost_ratio=0.008)
+    assert bad.model is None and bad.reason is StepCostReason.INVALID_INPUT
 
 
 @pytest.mark.parametrize(
