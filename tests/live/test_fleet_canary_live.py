@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -32,7 +31,7 @@ import pytest
 from tests.integration.pg import PostgresUnavailable, postgres_server
 from tuner.actuators.front_door import FrontDoorClient, FrontDoorError
 from tuner.engine.process import free_port
-from tuner.lab.apply_load import side_by_side_cpu_env
+from tuner.lab.apply_load import replica_cpu_prefix, side_by_side_cpu_env
 from tuner.lab.closed_loop import LoopSettings, lab_daemon_config
 from tuner.lab.models import Manifest
 from tuner.lab.prompts import HARD, PREDICTABLE
@@ -181,7 +180,7 @@ def test_canary_promotes_a_better_draft_and_rolls_back_a_worse_one_alone(
             control_token_file=str(token),
             canary=CANARY,
         )
-        cores = [("taskset", "-c", str(i % (os.cpu_count() or 1))) if shutil.which("taskset") else () for i in range(2)]
+        cores = [replica_cpu_prefix(i) for i in range(2)]
         for i, server in enumerate(servers):
             config = tmp_path / f"sidecar{i}.toml"
             # every process of a replica on its own core: the one restarting is not starved by the one serving

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import threading
 import time
 from collections.abc import Sequence
@@ -36,6 +37,15 @@ def side_by_side_cpu_env(ports: tuple[int, int]) -> dict[int, dict[str, str]]:
     the lab pins the engine on each port to its own core instead (unpinned engines run far slower)."""
     cores = max(1, os.cpu_count() or 1)
     return {port: {"VLLM_CPU_OMP_THREADS_BIND": str(i % cores)} for i, port in enumerate(ports)}
+
+
+def replica_cpu_prefix(index: int) -> tuple[str, ...]:
+    """``taskset -c CORE`` for replica ``index``: every process of a replica on its own core (its API
+    server and engine core too, not only the worker vLLM pins), so a replica restarting beside a
+    serving one is not starved by it. Empty where ``taskset`` is missing."""
+    if shutil.which("taskset") is None:
+        return ()
+    return ("taskset", "-c", str(index % max(1, os.cpu_count() or 1)))
 
 
 @dataclass(frozen=True)
@@ -171,8 +181,9 @@ def lab_rolling_actuator(
     models_dir: Path, workdir: Path, *, verify: Verifier | None = None, drain_timeout_s: float = 60.0
 ) -> tuple[RollingActuator, InProcessTap]:
     """Rolling apply over two lab engine replicas behind one in-process tap, each replica a plain
-    restart actuator gated on ``/v1/models`` and pinned to its own core (two engines on one core
-    start in minutes). Nothing is started but the tap; ``actuator.start(config)`` starts both."""
+    restart actuator gated on ``/v1/models`` with all its processes on its own core (two engines on
+    one core start in minutes; a restart beside a serving replica on a loaded machine took > 600 s).
+    Nothing is started but the tap; ``actuator.start(config)`` starts both."""
     ports = (free_port(), free_port())
     while ports[1] == ports[0]:
         ports = (ports[0], free_port())
@@ -182,12 +193,12 @@ def lab_rolling_actuator(
         for i, port in enumerate(ports)
     ]
     replicas: list[RestartActuator] = []
-    for server in servers:
+    for i, server in enumerate(servers):
         server.tmp_dir.mkdir(parents=True, exist_ok=True)
         assert server.port is not None
         replicas.append(
             RestartActuator(
-                server.argv(),
+                [*replica_cpu_prefix(i), *server.argv()],
                 f"{server.base_url}/v1/models",
                 server.log_path,
                 startup_timeout_s=600.0,
@@ -218,4 +229,5 @@ __all__ = [
     "lab_rolling_actuator",
     "lab_strategy_actuator",
     "reference_texts",
+    "replica_cpu_prefix",
 ]
