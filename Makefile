@@ -59,14 +59,15 @@ lint: $(STAMP)
 test: install models lint
 	$(PY) -m pytest -p no:cacheprovider --durations=15 tests
 
-# Every benchmark but the live closed-loop one (20–30 min of engine time, `make bench-live`) and the
-# 100-engine fleet store one (11 min, `make bench-fleet`).
+# Every benchmark but the live one (~55 min on the gpu-like lab, `make bench-live`, which also compares it
+# with the simulator) and the 100-engine fleet store one (11 min, `make bench-fleet`).
 bench: install models
-	@for b in bench/bench_*.py; do case "$$b" in bench/bench_live.py|bench/bench_fleet_store.py) continue;; esac; \
+	@for b in bench/bench_*.py; do case "$$b" in bench/bench_live.py|bench/bench_sim_live.py|bench/bench_fleet_store.py) continue;; esac; \
 		echo "== $$b"; $(PY) $$b || exit 1; done
 
-bench-live: install models
+bench-live: install models-gpu
 	$(PY) bench/bench_live.py
+	$(PY) bench/bench_sim_live.py
 
 bench-fleet: install models
 	$(PY) bench/bench_fleet_store.py

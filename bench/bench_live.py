@@ -1,30 +1,33 @@
-"""Live benchmark on the lab engine: a phased workload under fixed configs and under spectuner (auto).
+"""Live benchmark on the gpu-like lab: spectuner against every fixed config, per phase, with 95 % intervals.
 
-Workload (the same in every run): predictable prompts, then hard prompts; in each, concurrency
-1 → 16 → 4; every phase lasts ``--phase-s`` seconds of closed-loop greedy completions
-(``--max-tokens`` each, ``tuner.lab.load``). Runs, each on its own real vLLM engine (``LabServer``):
+Workload: six phases of ``--phase-s`` seconds (default 180: load regimes last minutes), prompt difficulty
+and concurrency changing between them — predictable prompts at 1 → 16 → 64 streams, then hard prompts at
+1 → 64 → 4 (the phase plan of ``bench/scenarios/lab_gpu_like.toml``, so the simulator runs the same plan).
+Clients are closed loops of streamed greedy completions whose lengths vary around ``--max-tokens``
+(so the streams do not march in step); tokens are counted when they arrive, so a phase's rate is exact
+at its borders and an outage counts.
 
-- every fixed config in ``--configs`` (default: no speculation, medium K = 3 — the usual starting
-  point —, medium K = 5, ngram K = 3), one run each;
-- spectuner: the real :class:`tuner.daemon.Daemon` in auto mode with the restart actuator
-  supervising the engine (short intervals: collect 3 s, decide 10 s, verify 30 s), started at medium K = 3.
+**Fixed configs** (no speculation; good, medium, weak and ngram at K = 1, 3, 5; good with the best K
+table for the lab's calibrated step cost) are measured as *cells*: one config in one phase's
+conditions for ``--cell-s`` seconds. One engine per draft starts at K_max with the spectuner plugin
+and its K is switched live between cells, so K = 1/3/5 and the table alternate within a few seconds
+of each other; every engine is visited ``--visits`` times, in forward then reverse order (and the
+cells of a visit in reverse), so machine drift hits every config alike. The per-phase oracle is the
+best fixed config of each phase, switching for free.
 
-The oracle is the best fixed config *per phase* (from the separate runs, no restart counted).
-Per phase and in total: goodput (generated tokens/s over the phase's wall time; spectuner's restarts
-count), p50/p99 request latency, errors; for spectuner also the changes, restarts, and time to adapt
-(phase start → first config change in that phase). Targets (issue #8): spectuner ≥ 0.97 × the oracle
-over the whole run, ≥ 1.15 × fixed K = 3, never worse than no speculation by > 3% in any phase.
+**spectuner** runs the whole phase plan once: the real daemon in auto mode, K tables set live
+through the plugin, a draft change restarts the engine behind the front door (drain-and-hold, so no
+client request fails), starting at medium/K = 3 (the usual hand-picked start).
 
-    .venv/bin/python bench/bench_live.py [--phase-s 45] [--configs none,medium:3,medium:5,ngram:3]
-    .venv/bin/python bench/bench_live.py --actuator live --configs '' --fixed-from bench/results/live.json --out live_k
+Reported, each with its 95 % interval (``bench/live_stats.py``): spectuner ÷ the per-phase oracle,
+÷ the best single fixed config, ÷ medium/K = 3 (the start) and the worst phase ÷ no speculation; per
+phase: every config's rate and acceptance, spectuner's rate, its changes and time to adapt; client
+errors. Targets (issue #19): ≥ 0.95, ≥ 1.0, worst phase ≥ 0.95.
 
-``--actuator live`` runs spectuner with the live actuator: the engine starts at K_max with a table that
-drafts 3 tokens at every batch size (the steps of K = 3), the plugin ships steps and takes K tables
-through its control channel, and only a change of draft restarts the engine. ``--fixed-from`` reuses
-the fixed runs of an earlier result (same workload) instead of running them again.
+    .venv/bin/python bench/bench_live.py                      # ~55 min on a quiet 2-core machine
+    .venv/bin/python bench/bench_live.py --phase-s 20 --cell-s 3 --visits 1 --drafts good --out live_smoke
 
-Needs ~15–25 min of engine time (one engine at a time; each start 30–180 s on a loaded 2-core
-machine). Writes ``bench/results/live.json``, ``live.md`` and ``live.png``.
+Writes ``bench/results/<out>.json``, ``<out>.md`` and ``<out>.png``.
 """
 
 from __future__ import annotations
@@ -32,13 +35,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
+import random
+import re
 import shutil
-import statistics
 import sys
 import tempfile
 import threading
 import time
+import tomllib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -47,284 +54,382 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tuner.actuators.restart import RestartActuator  # noqa: E402
+import httpx  # noqa: E402
+
+from bench.live_stats import fixed_means, summarize_live  # noqa: E402
+from collectors.vllm_plugin.client import ControlClient  # noqa: E402
+from policies.acceptance_model import ConstantAlphaModel  # noqa: E402
+from policies.k_table import KTableSnapshot, k_table  # noqa: E402
+from policies.step_cost import StepCostModel  # noqa: E402
+from tuner.actuators.live import load_or_create_token, plugin_env  # noqa: E402
 from tuner.config import parse_config  # noqa: E402
 from tuner.daemon import Daemon  # noqa: E402
-from tuner.lab.load import run_load_async  # noqa: E402
-from tuner.lab.models import DEFAULT_MODELS_DIR  # noqa: E402
+from tuner.engine.process import free_port  # noqa: E402
+from tuner.lab.closed_loop import LoopSettings, lab_cost_model, lab_daemon_config  # noqa: E402
+from tuner.lab.models import GPU_LIKE_MODELS_DIR  # noqa: E402
 from tuner.lab.prompts import PROMPT_SETS  # noqa: E402
-from tuner.lab.serve import LabServer, speculative_config  # noqa: E402
+from tuner.lab.serve import LabServer  # noqa: E402
 from tuner.store import AppliedBy, Store, upgrade  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
-PHASES = [("predictable", 1), ("predictable", 16), ("predictable", 4), ("hard", 1), ("hard", 16), ("hard", 4)]
+START = ("medium", 3)  # spectuner's default start, and the reference fixed config
+
+
+@dataclass(frozen=True)
+class Phase:
+    prompts: str
+    concurrency: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.prompts} c={self.concurrency}"
+
+
+PHASES = (Phase("predictable", 1), Phase("predictable", 16), Phase("predictable", 64),
+          Phase("hard", 1), Phase("hard", 64), Phase("hard", 4))
+
+
+# -- the load: closed-loop streams, tokens timed as they arrive ------------------------------------------
+
+@dataclass
+class Request:
+    start: float
+    end: float
+    tokens: int
+    error: str | None = None
 
 
 @dataclass
-class PhaseResult:
-    name: str
-    prompts: str
-    concurrency: int
-    start_s: float  # since the run's workload began
-    elapsed_s: float = 0.0
-    tokens: int = 0
-    requests: int = 0
-    errors: int = 0
-    latencies_s: list[float] = field(default_factory=list)
+class StreamLoad:
+    """Up to ``max_concurrency`` closed-loop clients in a background thread; ``set`` changes the
+    prompts and how many clients run. Streams with continuous usage, so every token has an arrival time."""
 
-    def to_json(self) -> dict[str, Any]:
-        lat = sorted(self.latencies_s)
-        return {
-            "prompts": self.prompts,
-            "concurrency": self.concurrency,
-            "start_s": round(self.start_s, 2),
-            "elapsed_s": round(self.elapsed_s, 2),
-            "tokens": self.tokens,
-            "requests": self.requests,
-            "errors": self.errors,
-            "goodput": round(self.tokens / self.elapsed_s, 2) if self.elapsed_s > 0 else 0.0,
-            "p50_latency_s": _quantile(lat, 0.5),
-            "p99_latency_s": _quantile(lat, 0.99),
-        }
+    base_url: str
+    model: str
+    max_concurrency: int
+    max_tokens: int
+    seed: int = 0
+    prompts: str = "predictable"
+    concurrency: int = 0
+    arrivals: list[tuple[float, int]] = field(default_factory=list)
+    requests: list[Request] = field(default_factory=list)
+    busy: list[bool] = field(default_factory=list)
+    streaming: list[bool] = field(default_factory=list)  # the client's current request has its first token
+    _stop: bool = False
+    _thread: threading.Thread | None = None
 
+    def start(self) -> None:
+        self.busy = [False] * self.max_concurrency
+        self.streaming = [False] * self.max_concurrency
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
+        self._thread.start()
 
-def _quantile(sorted_values: list[float], q: float) -> float | None:
-    if not sorted_values:
-        return None
-    if len(sorted_values) == 1:
-        return round(sorted_values[0], 4)
-    return round(statistics.quantiles(sorted_values, n=100, method="inclusive")[max(0, min(98, round(q * 100) - 1))], 4)
+    def set(self, phase: Phase) -> None:
+        self.prompts, self.concurrency = phase.prompts, phase.concurrency
 
+    def stop(self) -> None:
+        self._stop = True
+        if self._thread is not None:
+            self._thread.join(timeout=600.0)
 
-async def _phase(base_url: str, model: str, prompts: str, concurrency: int, phase_s: float, max_tokens: int,
-                 result: PhaseResult) -> None:
-    """Closed loop: ``concurrency`` workers send one request after another until the phase ends."""
-    pool = PROMPT_SETS[prompts]
-    deadline = time.perf_counter() + phase_s
-    t0 = time.perf_counter()
+    def settled(self) -> bool:
+        """No client above the current concurrency still has a request in flight, and every client below
+        it is past its prefill (a jump to 64 streams queues 64 prefills first)."""
+        c = self.concurrency
+        return not any(self.busy[c:]) and all(self.streaming[:c])
 
-    async def worker(i: int) -> None:
+    def tokens_between(self, t0: float, t1: float) -> int:
+        return sum(n for t, n in list(self.arrivals) if t0 <= t < t1)
+
+    def finished_between(self, t0: float, t1: float) -> list[Request]:
+        return [r for r in list(self.requests) if t0 <= r.end < t1]
+
+    async def _main(self) -> None:
+        limits = httpx.Limits(max_connections=self.max_concurrency, max_keepalive_connections=self.max_concurrency)
+        async with httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=10.0), limits=limits) as client:
+            await asyncio.gather(*(self._client(client, i) for i in range(self.max_concurrency)))
+
+    async def _client(self, client: httpx.AsyncClient, i: int) -> None:
+        rng = random.Random(self.seed * 1000 + i)
         n = i
-        while time.perf_counter() < deadline:
+        while not self._stop:
+            if i >= self.concurrency:
+                await asyncio.sleep(0.05)
+                continue
+            pool = PROMPT_SETS[self.prompts]
             prompt = pool[n % len(pool)]
-            n += concurrency
-            done = await run_load_async(base_url, model, [prompt], concurrency=1, count=1, max_tokens=max_tokens,
-                                        timeout_s=300.0)
-            for r in done.requests:
-                result.requests += 1
-                if r.error is None:
-                    result.tokens += r.output_tokens
-                    result.latencies_s.append(r.latency_s)
-                else:
-                    result.errors += 1
-                    await asyncio.sleep(0.5)  # the engine is restarting: do not spin
+            n += 7  # clients walk the prompt set at different offsets
+            # lengths spread ±50 % around the mean so the streams fall out of step
+            max_tokens = rng.randint(max(1, self.max_tokens // 2), self.max_tokens * 3 // 2)
+            self.busy[i], self.streaming[i] = True, False
+            try:
+                req = await self._one(client, i, prompt, max_tokens)
+            finally:
+                self.busy[i] = False
+            self.requests.append(req)
+            if req.error is not None:
+                await asyncio.sleep(0.5)  # an engine that is away: do not spin
 
-    await asyncio.gather(*(worker(i) for i in range(concurrency)))
-    result.elapsed_s = time.perf_counter() - t0
+    async def _one(self, client: httpx.AsyncClient, i: int, prompt: str, max_tokens: int) -> Request:
+        body = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+                "ignore_eos": True, "stream": True,
+                "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+        t0 = time.perf_counter()
+        seen = 0
+        try:
+            async with client.stream("POST", f"{self.base_url}/v1/completions", json=body) as resp:
+                if resp.status_code != 200:
+                    text = (await resp.aread()).decode(errors="replace")[:200]
+                    return Request(t0, time.perf_counter(), seen, f"HTTP {resp.status_code}: {text}")
+                async for line in resp.aiter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    usage = json.loads(line[6:]).get("usage") or {}
+                    total = int(usage.get("completion_tokens") or 0)
+                    if total > seen:
+                        self.arrivals.append((time.perf_counter(), total - seen))
+                        self.streaming[i] = True
+                        seen = total
+        except (httpx.HTTPError, json.JSONDecodeError) as exc:
+            return Request(t0, time.perf_counter(), seen, f"{type(exc).__name__}: {exc}")
+        return Request(t0, time.perf_counter(), seen)
 
 
-def run_workload(base_url: str, model: str, phase_s: float, max_tokens: int) -> list[PhaseResult]:
-    out: list[PhaseResult] = []
-    t0 = time.perf_counter()
-    for prompts, conc in PHASES:
-        r = PhaseResult(f"{prompts} c={conc}", prompts, conc, time.perf_counter() - t0)
-        asyncio.run(_phase(base_url, model, prompts, conc, phase_s, max_tokens, r))
-        print(f"    {r.name}: {r.tokens / max(r.elapsed_s, 1e-9):.1f} tok/s, {r.errors} errors", flush=True)
-        out.append(r)
+_COUNTER = re.compile(r"^(vllm:spec_decode_num_(?:drafts|draft_tokens|accepted_tokens)_total)(?:\{[^}]*\})? (\S+)$")
+
+
+def spec_counters(base_url: str) -> dict[str, float]:
+    """The engine's speculation counters (summed over labels); empty when it has none."""
+    out: dict[str, float] = {}
+    text = httpx.get(f"{base_url}/metrics", timeout=10.0).text
+    for line in text.splitlines():
+        m = _COUNTER.match(line)
+        if m:
+            key = m.group(1).removeprefix("vllm:spec_decode_num_").removesuffix("_total")
+            out[key] = out.get(key, 0.0) + float(m.group(2))
     return out
 
 
-def _parse_configs(text: str) -> list[tuple[str, int]]:
-    out = []
-    for item in text.split(","):
-        item = item.strip()
-        if not item:
-            continue
-        if item in ("none", "off"):
-            out.append(("none", 0))
-        else:
-            name, _, k = item.partition(":")
-            out.append((name, int(k or 3)))
-    return out
+def _settle(load: StreamLoad, ramp_s: float) -> None:
+    """After a change of conditions: the old clients' requests finish and the new ones stream, then
+    ``ramp_s`` more."""
+    deadline = time.perf_counter() + 120.0
+    while not load.settled() and time.perf_counter() < deadline:
+        time.sleep(0.1)
+    time.sleep(ramp_s)
 
 
-def _label(draft: str, k: int) -> str:
-    return "off" if draft == "none" or k == 0 else f"{draft}/K={k}"
+# -- fixed configs: cells ---------------------------------------------------------------------------------
+
+def best_table(manifest: Any, alpha: float, k_max: int, max_batch: int) -> list[list[int]]:
+    """The K table spectuner's policy picks for a draft of acceptance ``alpha`` on the lab's calibrated
+    step cost — what an operator who knew α and the cost model would pin."""
+    cost, _ = lab_cost_model(manifest)
+    table = k_table(KTableSnapshot(
+        now=datetime.now(UTC), acceptance=ConstantAlphaModel(alpha, alpha, alpha),
+        step_cost=StepCostModel(cost["fixed_s"], cost["per_token_s"], cost["draft_fixed_s"], cost["draft_per_seq_s"]),
+        max_batch_size=max_batch, k_max=k_max,
+    ))
+    return table.as_vllm()
 
 
-def run_fixed(draft: str, k: int, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    server = LabServer(draft=draft, k=k, models_dir=args.models_dir, workdir=workdir / f"fixed-{draft}-{k}")
-    print(f"== fixed {_label(draft, k)}: starting the engine", flush=True)
+def measure_engine(draft: str, settings: list[tuple[str, list[list[int]] | None]], args: argparse.Namespace,
+                   workdir: Path, visit: int, cells: list[dict[str, Any]]) -> float:
+    """One visit of one engine: every phase's conditions, every setting (a K table set live) a cell each."""
+    spec = draft != "none"
+    tag = f"{draft}-v{visit}"
+    env: dict[str, str] = {}
+    control: ControlClient | None = None
+    if spec:
+        token_file = workdir / f"{tag}.token"
+        token = load_or_create_token(token_file, create=True)
+        sock = Path(tempfile.mkdtemp(prefix="sl-")) / "ctl.sock"  # a unix socket path must stay short
+        env = plugin_env(ingest_url=None, control_address=f"unix:{sock}", token_file=token_file)
+        control = ControlClient(f"unix:{sock}", token)
+    server = LabServer(draft=draft, k=args.k_max if spec else 0,
+                       per_batch_size=[[1, args.max_batch, 3]] if spec else None,
+                       models_dir=args.models_dir, workdir=workdir / tag, max_num_seqs=args.max_batch,
+                       extra_env=env, startup_timeout_s=600.0)
+    print(f"== {draft} (visit {visit + 1}): starting the engine", flush=True)
     startup_s = server.start()
+    load = StreamLoad(server.base_url, server.model_name, args.max_batch, args.max_tokens, seed=visit)
+    load.start()
     try:
-        # A short warm-up so the first phase does not pay for lazy initialisation.
-        asyncio.run(_phase(server.base_url, server.model_name, "predictable", 2, 5.0, args.max_tokens,
-                           PhaseResult("warm-up", "predictable", 2, 0.0)))
-        phases = run_workload(server.base_url, server.model_name, args.phase_s, args.max_tokens)
+        phases = list(PHASES) if visit % 2 == 0 else list(reversed(PHASES))
+        order = settings if visit % 2 == 0 else list(reversed(settings))
+        for phase in phases:
+            load.set(phase)
+            _settle(load, args.ramp_s)
+            for label, table in order:
+                if control is not None and table is not None:
+                    control.set_table(table)
+                    time.sleep(args.switch_s)  # the next steps run the new table
+                before = spec_counters(server.base_url) if spec else {}
+                t0 = time.perf_counter()
+                time.sleep(args.cell_s)
+                t1 = time.perf_counter()
+                after = spec_counters(server.base_url) if spec else {}
+                rate = load.tokens_between(t0, t1) / (t1 - t0)
+                d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+                cell = {"config": label, "phase": phase.name, "visit": visit, "rate": round(rate, 2),
+                        "seconds": round(t1 - t0, 2)}
+                if d.get("drafts"):
+                    cell["accepted_per_draft"] = round(d["accepted_tokens"] / d["drafts"], 3)
+                    cell["draft_acceptance"] = round(d["accepted_tokens"] / max(d["draft_tokens"], 1.0), 3)
+                cells.append(cell)
+                print(f"    {phase.name:16s} {label:14s} {rate:7.1f} tok/s", flush=True)
     finally:
+        load.stop()
         server.stop()
-    return {"config": _label(draft, k), "startup_s": round(startup_s, 1),
-            "phases": {p.name: p.to_json() for p in phases}}
+    errors = [r.error for r in load.requests if r.error is not None]
+    if errors:
+        print(f"    {len(errors)} client errors on a fixed engine, e.g. {sorted(set(errors))[:3]} "
+              f"(see its log {server.log_path})", flush=True)
+    return startup_s
 
+
+def run_fixed(args: argparse.Namespace, workdir: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    manifest = LabServer(draft="none", k=0, models_dir=args.models_dir, workdir=workdir / "probe").manifest
+    good_alpha = float(manifest.drafts["good"].greedy_agreement or 0.9)
+    table = best_table(manifest, good_alpha, args.k_max, args.max_batch)
+    plan: list[tuple[str, list[tuple[str, list[list[int]] | None]]]] = [("none", [("off", None)] * 2)]
+    for draft in args.drafts:
+        settings: list[tuple[str, list[list[int]] | None]] = [
+            (f"{draft}/K={k}", [[1, args.max_batch, k]]) for k in (1, 3, 5)
+        ]
+        if draft == "good":
+            settings.append(("good/table", table))
+        plan.append((draft, settings))
+    cells: list[dict[str, Any]] = []
+    startups: dict[str, list[float]] = {}
+    for visit in range(args.visits):
+        for draft, settings in (plan if visit % 2 == 0 else list(reversed(plan))):
+            startup_s = measure_engine(draft, settings, args, workdir, visit, cells)
+            startups.setdefault(draft, []).append(round(startup_s, 1))
+    return cells, {"good_table": table, "good_table_alpha": good_alpha, "startup_s": startups}
+
+
+# -- spectuner --------------------------------------------------------------------------------------------
 
 def run_spectuner(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    """spectuner in auto mode: the Daemon supervises the engine through the restart actuator."""
     run_dir = workdir / "spectuner"
     run_dir.mkdir(parents=True, exist_ok=True)
-    base = LabServer(draft="none", k=0, models_dir=args.models_dir, workdir=run_dir / "engine")
-    base.tmp_dir.mkdir(parents=True, exist_ok=True)
-    start_spec = speculative_config(base.manifest, "medium", 3)
-    assert start_spec is not None
-    argv = base.argv()
-    i = argv.index("--shutdown-timeout")
-    argv = argv[:i] + argv[i + 2:]  # the actuator appends its own
-    # The candidates an operator would register: the lab drafts (prior α = greedy agreement in the manifest;
-    # every lab draft has the target's shape, c ≈ 0.82) and ngram.
-    candidates: list[dict[str, Any]] = []
-    for name, info in base.manifest.drafts.items():
-        if name in ("random", "copy"):
-            continue
-        if info.method == "ngram":
-            candidates.append({"name": name, "method": "ngram", "prior_alpha": 0.5, "cost_ratio": 0.05,
-                               "extra": {"prompt_lookup_min": 2, "prompt_lookup_max": 5}})
-        else:
-            candidates.append({"name": name, "model": info.path, "cost_ratio": args.cost_ratio,
-                               "prior_alpha": min(max(info.greedy_agreement or 0.5, 0.01), 0.99)})
-    policy: dict[str, Any] = {"k_max": args.k_max, "cost_ratio": args.cost_ratio, "evidence_window_s": 30.0,
-                              "load_horizon_s": 60.0,  # the phases are 45 s: judge K on the last minute's load
-                              "step_cost_refit_s": 20.0}  # and read the measured step cells every other tick
-    if not args.no_step_cost:  # the lab's T(B, K) fitted from its throughput table (docs/lab.md, docs/simulator.md)
-        policy["step_cost"] = {"fixed_s": 0.00208, "per_token_s": 0.0000953, "draft_fixed_s": 0.001566,
-                               "draft_per_seq_s": 0.000217}
-    if not args.no_table:
-        policy.update(per_batch_size=True, max_batch_size=16)
+    server = LabServer(draft="none", k=0, models_dir=args.models_dir, workdir=run_dir / "engine",
+                       max_num_seqs=args.max_batch)
     db_url = f"sqlite:///{run_dir / 'spectuner.db'}"
     upgrade(db_url)
-    restart = {"argv": argv, "startup_timeout_s": 400.0, "shutdown_timeout_s": 5.0,
-               "log_path": str(run_dir / "engine.log"), "env": base.env()}
-    speculative: dict[str, Any] = {"method": "draft_model", "model": start_spec["model"], "num_speculative_tokens": 3}
-    extra: dict[str, Any] = {}
-    live = args.actuator == "live"
-    if live:
-        # The engine starts at K_max with a table that drafts 3 tokens at every batch size (the same steps as
-        # K = 3), so that every later table is set live through the plugin; another draft still restarts.
-        speculative = {**speculative, "num_speculative_tokens": args.k_max,
-                       "extra": {"num_speculative_tokens_per_batch_size": [[1, 16, 3]]}}
-        extra = {
-            "actuator": {"kind": "live", "live": {"fallback": "restart", "k_max": args.k_max}, "restart": restart},
-            "plugin": {"ingest_listen": f"127.0.0.1:{_free_port()}", "control_address": f"unix:{run_dir / 'ctl.sock'}",
-                       "token_file": str(run_dir / "plugin.token")},
-        }
-    config = parse_config(
-        {
-            "engine": {"metrics_url": base.base_url},
-            "actuator": {"kind": "restart", "restart": restart},
-            **extra,
-            "speculative": speculative,
-            "policy": policy,
-            "swap": {"duration_s": 30.0, "min_drafts": 500, "segments": 2},  # phases are short: confirm over 30 s
-            "drafts": candidates,
-            "guardrails": {"min_drafts": 200, "min_evidence_s": 15.0, "hysteresis_ticks": 2,
-                           "max_changes_per_hour": 30, "restart_downtime_s": 75.0, "payback_horizon_s": 3600.0,
-                           # a live change costs no downtime: wait out the verification (30 s), not a restart's
-                           "cooldown_s": 30.0 if live else 60.0},
-            "controller": {"mode": "auto", "collect_interval_s": 3.0, "decide_interval_s": 10.0,
-                           "health_interval_s": 10.0, "verify_window_s": 30.0},
-            "database": {"url": db_url},
-        },
-        path="bench_live",
-        base_dir=run_dir,
+    door = free_port()
+    settings = LoopSettings(
+        start_draft=args.start[0], start_k=args.start[1], candidates=tuple(d for d in args.drafts),
+        per_batch_size=True, k_max=args.k_max, max_batch_size=args.max_batch,
+        evidence_window_s=60.0, swap_duration_s=60.0, swap_min_drafts=300, min_drafts=200,
+        cooldown_s=30.0, verify_window_s=30.0, restart_downtime_s=args.restart_downtime_s,
+        startup_timeout_s=600.0, front_door_port=door, strategy="drain_hold",
     )
-    ticks: list[dict[str, Any]] = []
+    doc = tomllib.loads(lab_daemon_config(server, db_url, settings, log_path=run_dir / "engine.log"))
+    # K tables live through the plugin; a draft change restarts behind the front door (drain-and-hold).
+    doc["actuator"]["kind"] = "live"
+    doc["actuator"]["live"] = {"fallback": "restart", "k_max": args.k_max}
+    sock = Path(tempfile.mkdtemp(prefix="sl-")) / "ctl.sock"
+    doc["plugin"] = {"ingest_listen": f"127.0.0.1:{free_port()}", "control_address": f"unix:{sock}",
+                     "token_file": str(run_dir / "plugin.token")}
+    doc["speculative"]["num_speculative_tokens"] = args.k_max
+    doc["speculative"]["extra"] = {"num_speculative_tokens_per_batch_size": [[1, args.max_batch, args.start[1]]]}
+    config = parse_config(doc, path="bench_live", base_dir=run_dir)
+    client_url = f"http://127.0.0.1:{door}"
     with Store(db_url) as store:
-        # restart: the actuator built here; live: the daemon builds it from the config (plugin, fallback)
-        daemon = Daemon(config, store, **({} if live else {"actuator": RestartActuator(
-                            argv, f"{base.base_url}/health", run_dir / "engine.log", startup_timeout_s=400.0,
-                            shutdown_timeout_s=5.0, env=base.env())}),
-                        on_tick=lambda r: ticks.append({"at": time.time(), "action": r.action, "reason": r.reason,
-                                                        "message": r.message}))
-        actuator = daemon.actuator
-        print(f"== spectuner (auto, {args.actuator} actuator): starting the daemon and its engine (medium K=3)",
+        daemon = Daemon(config, store)
+        print(f"== spectuner (auto, live K, drain-and-hold restarts): starting at {args.start[0]}/K={args.start[1]}",
               flush=True)
         thread = threading.Thread(target=daemon.run, kwargs={"install_signals": False}, daemon=True)
         t_start = time.time()
         thread.start()
+        load: StreamLoad | None = None
         try:
-            _wait_healthy(base.base_url, 420.0)
+            _wait_healthy(client_url, 600.0)
             startup_s = time.time() - t_start
-            t_workload = time.time()
-            phases = run_workload(base.base_url, base.model_name, args.phase_s, args.max_tokens)
+            load = StreamLoad(client_url, server.model_name, args.max_batch, args.max_tokens, seed=99)
+            load.start()
+            t_workload, p_workload = time.time(), time.perf_counter()
+            bounds: list[tuple[Phase, float, float, float]] = []
+            for phase in PHASES:
+                load.set(phase)
+                t_switch = time.perf_counter()
+                _settle(load, args.ramp_s)  # measured like a fixed cell: from when the phase's load is in place
+                t0 = time.perf_counter()
+                time.sleep(max(0.0, t_switch + args.phase_s - t0))
+                bounds.append((phase, t_switch, t0, time.perf_counter()))
+                rate = load.tokens_between(t0, bounds[-1][3]) / (bounds[-1][3] - t0)
+                print(f"    {phase.name:16s} {rate:7.1f} tok/s (settled after {t0 - t_switch:.1f} s)", flush=True)
         finally:
+            if load is not None:
+                load.stop()
             daemon.request_stop()  # an apply in progress completes first (the daemon's contract)
             thread.join(timeout=900.0)
             if thread.is_alive():  # never leave an engine behind
-                actuator.stop()
+                daemon.actuator.stop()
         keys = [e.key for e in store.engines()]
         configs = [c for key in keys[:1] for c in store.configs(key)]
         decisions = store.decisions()
-        # a rollback restarts the engine only when its actuator had to (a live table is rolled back live)
-        rollback_downtime_s = {
-            e.data.get("decision_id"): float(e.data.get("downtime_s") or 0.0)
-            for e in store.events(kind="regression_rolled_back")
-            if isinstance(e.data, dict)
-        }
-    if args.keep_db is not None:  # the daemon's database (windows, per-step records, decisions) for a post-mortem
+        # every apply's audit event: a live table has no strategy and no downtime; a restart has both
+        applies = [{"kind": e.kind, "at_s": round(e.ts.timestamp() - t_workload, 1),
+                    **{k: v for k, v in e.data.items() if k in ("status", "downtime_s", "strategy", "requests_held",
+                                                                 "requests_failed", "longest_hold_s", "config")}}
+                   for e in store.events() if isinstance(e.data, dict) and "downtime_s" in e.data]
+    if args.keep_db is not None:  # windows, per-step records and decisions, for reading the misses
         args.keep_db.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(run_dir / "spectuner.db", args.keep_db)
     decided = {d.id: d.decision.created_at.timestamp() for d in decisions}
-    changes = [
-        {
-            "decided_at_s": round(decided[c.config.decision_id] - t_workload, 1)
-            if c.config.decision_id in decided
-            else None,
-            "serving_at_s": round(c.config.started_at.timestamp() - t_workload, 1),
-            "applied_by": c.config.applied_by,
-            "decision_id": c.config.decision_id,
-            "config": _spec_label(c.config.spec_config or {}),
+    changes: list[dict[str, Any]] = [
+        {"decided_at_s": round(decided[c.config.decision_id] - t_workload, 1)
+         if c.config.decision_id in decided else None,
+         "serving_at_s": round(c.config.started_at.timestamp() - t_workload, 1),
+         "applied_by": c.config.applied_by, "config": _spec_label(c.config.spec_config or {})}
+        for c in configs if c.config.applied_by != AppliedBy.STARTUP
+    ]
+    phases: dict[str, Any] = {}
+    for phase, t_switch, t0, t1 in bounds:
+        done = load.finished_between(t_switch, t1) if load else []
+        lat = sorted(r.end - r.start for r in done if r.error is None)
+        rel0, rel1 = t_switch - p_workload, t1 - p_workload
+        first = next((c["decided_at_s"] for c in changes
+                      if c["decided_at_s"] is not None and rel0 <= c["decided_at_s"] < rel1), None)
+        series = [round(load.tokens_between(a, min(a + 30.0, t1)) / max(min(30.0, t1 - a), 1e-9), 1) if load else 0.0
+                  for a in _steps(t_switch, t1, 30.0)]
+        row: dict[str, Any] = {
+            "start_s": round(rel0, 1), "seconds": round(t1 - t0, 2), "settle_s": round(t0 - t_switch, 1),
+            "rate": round((load.tokens_between(t0, t1) if load else 0) / (t1 - t0), 2),
+            "rate_whole_phase": round((load.tokens_between(t_switch, t1) if load else 0) / (t1 - t_switch), 2),
+            "requests": len(done), "errors": sum(1 for r in done if r.error is not None),
+            "p50_latency_s": _q(lat, 0.5), "p99_latency_s": _q(lat, 0.99),
+            "time_to_first_change_s": round(first - rel0, 1) if first is not None else None,
+            "rate_per_30s": series,
         }
-        for c in configs
-        if c.config.applied_by != AppliedBy.STARTUP
-    ]
-    applied = [c for c in changes if c["applied_by"] in ("restart", "rollback", "live")]
-    rollbacks = [c for c in changes if c["applied_by"] == "rollback"]
-    restarts = [
-        c for c in changes
-        if c["applied_by"] == "restart"
-        or (c["applied_by"] == "rollback" and rollback_downtime_s.get(c["decision_id"], 1.0) > 0.0)
-    ]
-    phase_json = {p.name: p.to_json() for p in phases}
-    for p in phases:  # time to adapt: phase start → the first change decided in the phase
-        first = next(
-            (c["decided_at_s"] for c in applied
-             if c["decided_at_s"] is not None and p.start_s <= c["decided_at_s"] < p.start_s + p.elapsed_s),
-            None,
-        )
-        phase_json[p.name]["time_to_adapt_s"] = round(first - p.start_s, 1) if first is not None else None
+        phases[phase.name] = row
+    restarts = [a for a in applies if a.get("strategy") or float(a.get("downtime_s") or 0.0) > 0.0]
     return {
-        "config": f"spectuner auto (start medium/K=3, {args.actuator} actuator)",
-        "startup_s": round(startup_s, 1),
-        "phases": phase_json,
-        "changes": sum(1 for c in applied if c["applied_by"] in ("restart", "live")),
-        "restarts": len(restarts),  # engine starts: restarts, and rollbacks that restarted (not live ones)
-        "rollbacks": len(rollbacks),
-        "config_timeline": changes,
+        "start": f"{args.start[0]}/K={args.start[1]}", "startup_s": round(startup_s, 1), "phases": phases,
+        "client_errors": len([r for r in load.requests if r.error is not None]) if load else 0,
+        "changes": len(changes), "restarts": len(restarts), "config_timeline": changes, "applies": applies,
         "decisions": [{"status": d.status, "reason": d.decision.reason, "message": d.decision.message[:300]}
                       for d in decisions],
     }
 
 
-def _free_port() -> int:
-    import socket
+def _steps(t0: float, t1: float, step: float) -> list[float]:
+    return [t0 + i * step for i in range(max(1, math.ceil((t1 - t0) / step)))]
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+
+def _q(values: Sequence[float], q: float) -> float | None:
+    if not values:
+        return None
+    return round(values[min(len(values) - 1, int(q * len(values)))], 3)
 
 
 def _spec_label(spec: dict[str, Any]) -> str:
     if spec.get("method") in (None, "off") or not spec.get("num_speculative_tokens"):
         return "off"
-    name = Path(str(spec.get("model", spec.get("method")))).name.removeprefix("draft-")
+    name = Path(str(spec.get("model") or spec.get("method"))).name.removeprefix("draft-")
     table = spec.get("num_speculative_tokens_per_batch_size")
     if table:
         return f"{name}/table[" + ",".join(f"{lo}-{hi}:{k}" for lo, hi, k in table) + "]"
@@ -332,8 +437,6 @@ def _spec_label(spec: dict[str, Any]) -> str:
 
 
 def _wait_healthy(base_url: str, timeout_s: float) -> None:
-    import httpx
-
     deadline = time.time() + timeout_s
     while time.time() < deadline:
         try:
@@ -345,78 +448,93 @@ def _wait_healthy(base_url: str, timeout_s: float) -> None:
     raise RuntimeError(f"the engine at {base_url} did not become healthy within {timeout_s:.0f} s")
 
 
-def summarize(runs: dict[str, dict[str, Any]], phase_s: float) -> dict[str, Any]:
-    names = [f"{p} c={c}" for p, c in PHASES]
-    fixed = {k: v for k, v in runs.items() if k != "spectuner"}
+# -- report -----------------------------------------------------------------------------------------------
 
-    def total(run: dict[str, Any]) -> float:
-        ph = run["phases"].values()
-        return sum(p["tokens"] for p in ph) / sum(p["elapsed_s"] for p in ph)
-
-    if not fixed:
-        return {"totals": {k: round(total(v), 2) for k, v in runs.items()}}
-    oracle_phase = {n: max(fixed.values(), key=lambda r: r["phases"][n]["goodput"]) for n in names}
-    oracle_tokens = sum(oracle_phase[n]["phases"][n]["tokens"] for n in names)
-    oracle_time = sum(oracle_phase[n]["phases"][n]["elapsed_s"] for n in names)
-    oracle = oracle_tokens / oracle_time
+def summarize(cells: list[dict[str, Any]], sp: dict[str, Any] | None, cell_s: float,
+              reference: str = f"{START[0]}/K={START[1]}") -> dict[str, Any]:
+    by: dict[str, dict[str, list[float]]] = {}
+    for c in cells:
+        by.setdefault(c["phase"], {}).setdefault(c["config"], []).append(c["rate"])
     out: dict[str, Any] = {
-        "oracle": {"goodput": round(oracle, 2), "per_phase": {n: oracle_phase[n]["config"] for n in names}},
-        "totals": {k: round(total(v), 2) for k, v in runs.items()},
+        "fixed_mean_rate": {p: {k: round(v, 2) for k, v in m.items()} for p, m in fixed_means(by).items()}
     }
-    if "spectuner" in runs:
-        sp = runs["spectuner"]
-        sp_total = total(sp)
-        k3 = runs.get("medium/K=3")
-        off = runs.get("off")
-        worst = None
-        if off is not None:
-            worst = min(sp["phases"][n]["goodput"] / off["phases"][n]["goodput"] for n in names)
-        out["targets"] = {
-            "spectuner_vs_oracle": {"measured": round(sp_total / oracle, 4), "target": 0.97},
-            "spectuner_vs_fixed_k3": {"measured": round(sp_total / total(k3), 4) if k3 else None, "target": 1.15},
-            "worst_phase_vs_no_speculation": {"measured": round(worst, 4) if worst else None, "target": 0.97},
-        }
+    acc: dict[str, dict[str, list[float]]] = {}
+    for c in cells:
+        if "accepted_per_draft" in c:
+            acc.setdefault(c["phase"], {}).setdefault(c["config"], []).append(c["accepted_per_draft"])
+    out["accepted_per_draft"] = {p: {k: round(sum(v) / len(v), 3) for k, v in m.items()} for p, m in acc.items()}
+    if sp is None:
+        return out
+    s = summarize_live(by, {p: v["rate"] for p, v in sp["phases"].items()},
+                       {p: v["seconds"] for p, v in sp["phases"].items()}, cell_s,
+                       reference=reference)
+    out.update({
+        "oracle_per_phase": s.oracle_per_phase, "best_fixed": s.best_fixed, "cell_log_sd": s.cell_log_sd,
+        "worst_phase": s.worst_phase,
+        "targets": {
+            "spectuner_vs_oracle": {**s.vs_oracle.to_json(), "target": 0.95},
+            "spectuner_vs_best_fixed": {**s.vs_best_fixed.to_json(), "target": 1.0},
+            f"spectuner_vs_{reference}": {**(s.vs_reference.to_json() if s.vs_reference else {}), "target": None},
+            "worst_phase_vs_no_speculation": {**(s.worst_phase_vs_off.to_json() if s.worst_phase_vs_off else {}),
+                                              "target": 0.95},
+        },
+    })
     return out
 
 
 def markdown(doc: dict[str, Any]) -> str:
-    names = [f"{p} c={c}" for p, c in PHASES]
-    lines = ["# Live benchmark (lab engine)", "", f"Run {doc['when']}; {doc['phase_s']} s per phase, "
-             f"{doc['max_tokens']} tokens per request; load average {doc['load_average_before']} → "
-             f"{doc['load_average_after']} (a shared 2-core machine: figures are noisy).", ""]
-    lines += ["## Goodput (tokens/s) per phase", "",
-              "| run | " + " | ".join(names) + " | total |", "|---|" + "---|" * (len(names) + 1)]
-    for name, run in doc["runs"].items():
-        cells = [f"{run['phases'][n]['goodput']:.0f}" for n in names]
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {doc['summary']['totals'][name]:.0f} |")
-    if "oracle" in doc["summary"]:
-        oracle = doc["summary"]["oracle"]
-        lines.append("| oracle (best fixed per phase) | " + " | ".join(oracle["per_phase"][n] for n in names)
-                     + f" | {oracle['goodput']:.0f} |")
-    lines += ["", "## p50 / p99 request latency (s)", "", "| run | " + " | ".join(names) + " |",
-              "|---|" + "---|" * len(names)]
-    for name, run in doc["runs"].items():
-        cells = [f"{_fmt(run['phases'][n]['p50_latency_s'])} / {_fmt(run['phases'][n]['p99_latency_s'])}"
-                 for n in names]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    sp = doc["runs"].get("spectuner")
+    names = [p.name for p in PHASES]
+    s = doc["summary"]
+    lines = ["# Live benchmark (gpu-like lab engine)", "",
+             f"Run {doc['when']} on {doc['models_dir']}: {doc['phase_s']:.0f} s per spectuner phase, fixed configs in "
+             f"{doc['cell_s']:.0f}-s cells × {doc['visits']} visits; ~{doc['max_tokens']} tokens per request; "
+             f"load average {doc['load_average_before']} → {doc['load_average_after']}; "
+             f"{doc['wall_s'] / 60:.1f} min.", ""]
+    if "targets" in s:
+        lines += ["## Ratios (95 % intervals)", "", "| ratio | measured | interval | target | met |",
+                  "|---|---|---|---|---|"]
+        for name, t in s["targets"].items():
+            if "value" not in t:
+                continue
+            goal = t["target"]
+            met = "—" if goal is None else ("yes" if t["value"] >= goal else "**no**")
+            lines.append(f"| {name} | {t['value']:.3f} | {t['lo']:.3f}–{t['hi']:.3f} | "
+                         f"{'—' if goal is None else f'≥ {goal}'} | {met} |")
+        lines += ["", f"Best single fixed config: {s['best_fixed']}; worst phase for spectuner: "
+                  f"{s['worst_phase']}.", ""]
+    lines += ["## Goodput per phase (tokens/s; fixed: geometric mean of the cells)", "",
+              "| config | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    configs = sorted({c for p in s["fixed_mean_rate"].values() for c in p})
+    for c in configs:
+        lines.append(f"| {c} | " + " | ".join(_cell(s["fixed_mean_rate"].get(n, {}).get(c)) for n in names) + " |")
+    sp = doc.get("spectuner")
     if sp:
-        lines += ["", f"spectuner: {sp['changes']} changes, {sp['restarts']} restarts, "
-                  f"{sp.get('rollbacks', 0)} rollbacks; time to adapt per phase: "
-                  + ", ".join(f"{n}: {_fmt(sp['phases'][n].get('time_to_adapt_s'))} s" for n in names), ""]
-        lines += ["| decided at (s) | serving from (s) | by | config |", "|---|---|---|---|"]
-        lines += [f"| {_fmt(c['decided_at_s'])} | {c['serving_at_s']} | {c['applied_by']} | {c['config']} |"
+        lines.append("| **spectuner** | " + " | ".join(f"**{sp['phases'][n]['rate']:.1f}**" for n in names) + " |")
+    if "oracle_per_phase" in s:
+        lines.append("| oracle | " + " | ".join(s["oracle_per_phase"][n] for n in names) + " |")
+        lines.append("| cell spread (log sd) | " + " | ".join(f"{s['cell_log_sd'][n]:.3f}" for n in names) + " |")
+    lines += ["", "## Accepted tokens per draft step (fixed cells)", "",
+              "| config | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for c in sorted({c for p in s["accepted_per_draft"].values() for c in p}):
+        row = [_cell(s["accepted_per_draft"].get(n, {}).get(c), 2) for n in names]
+        lines.append(f"| {c} | " + " | ".join(row) + " |")
+    if sp:
+        lines += ["", f"## spectuner: {sp['changes']} changes, {sp['restarts']} restarts, {sp['client_errors']} client "
+                  "errors", "", "| phase | rate | requests | errors | p50 / p99 latency (s) | first change after (s) |",
+                  "|---|---|---|---|---|---|"]
+        for n in names:
+            p = sp["phases"][n]
+            lines.append(f"| {n} | {p['rate']:.1f} | {p['requests']} | {p['errors']} | "
+                         f"{_cell(p['p50_latency_s'], 2)} / {_cell(p['p99_latency_s'], 2)} | "
+                         f"{_cell(p['time_to_first_change_s'])} |")
+        lines += ["", "| decided at (s) | serving from (s) | by | config |", "|---|---|---|---|"]
+        lines += [f"| {_cell(c['decided_at_s'])} | {c['serving_at_s']} | {c['applied_by']} | {c['config']} |"
                   for c in sp["config_timeline"]]
-    if "targets" in doc["summary"]:
-        lines += ["", "## Targets", "", "| target | measured | goal | met |", "|---|---|---|---|"]
-        for name, t in doc["summary"]["targets"].items():
-            met = t["measured"] is not None and t["measured"] >= t["target"]
-            lines.append(f"| {name} | {_fmt(t['measured'])} | ≥ {t['target']} | {'yes' if met else '**no**'} |")
     return "\n".join(lines) + "\n"
 
 
-def _fmt(x: Any) -> str:
-    return "—" if x is None else (f"{x:.3f}" if isinstance(x, float) else str(x))
+def _cell(x: Any, digits: int = 1) -> str:
+    return "—" if x is None else f"{x:.{digits}f}"
 
 
 def plot(doc: dict[str, Any], path: Path) -> None:
@@ -425,69 +543,83 @@ def plot(doc: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = [f"{p} c={c}" for p, c in PHASES]
-    runs = doc["runs"]
-    fig, ax = plt.subplots(figsize=(11, 4.5))
-    width = 0.8 / max(len(runs), 1)
-    for i, (name, run) in enumerate(runs.items()):
-        ax.bar([j + i * width for j in range(len(names))], [run["phases"][n]["goodput"] for n in names],
-               width=width, label=name)
+    names = [p.name for p in PHASES]
+    rates = doc["summary"]["fixed_mean_rate"]
+    fig, ax = plt.subplots(figsize=(12, 4.5))
+    shown = ["off", "good/K=3", "good/table", "medium/K=3", "ngram/K=3"]
+    series = {c: [rates.get(n, {}).get(c, 0.0) for n in names]
+              for c in shown if any(c in rates.get(n, {}) for n in names)}
+    if doc.get("spectuner"):
+        series["spectuner"] = [doc["spectuner"]["phases"][n]["rate"] for n in names]
+    width = 0.8 / max(len(series), 1)
+    for i, (name, ys) in enumerate(series.items()):
+        ax.bar([j + i * width for j in range(len(names))], ys, width=width, label=name)
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(names))], names, rotation=15)
     ax.set_ylabel("goodput (generated tokens/s)")
-    ax.set_title("Lab engine: goodput per phase")
+    ax.set_title("gpu-like lab: goodput per phase")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
+def _draft_k(text: str) -> tuple[str, int]:
+    draft, _, k = text.partition(":")
+    if not draft or not k.isdigit() or not 1 <= int(k) <= 8:
+        raise argparse.ArgumentTypeError(f"expected DRAFT:K with K in 1..8, e.g. medium:3; got {text!r}")
+    return draft, int(k)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--phase-s", type=float, default=45.0)
-    parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--configs", default="none,medium:3,medium:5,ngram:3",
-                        help="fixed runs: draft:K,... ('none' = no speculation; '' = none at all)")
-    parser.add_argument("--out", default="live", help="result file stem under bench/results/")
-    parser.add_argument("--no-spectuner", action="store_true", help="only the fixed runs")
+    parser.add_argument("--phase-s", type=float, default=180.0, help="spectuner's phase length (s)")
+    parser.add_argument("--cell-s", type=float, default=6.0, help="one fixed-config measurement (s)")
+    parser.add_argument("--visits", type=int, default=2, help="times every fixed engine is visited")
+    parser.add_argument("--ramp-s", type=float, default=4.0, help="wait after a change of phase before a cell (s)")
+    parser.add_argument("--switch-s", type=float, default=1.0, help="wait after a live K change before a cell (s)")
+    parser.add_argument("--max-tokens", type=int, default=64, help="mean tokens per request (spread ±50 %%)")
+    parser.add_argument("--max-batch", type=int, default=64, help="the engines' max_num_seqs")
     parser.add_argument("--k-max", type=int, default=5)
-    parser.add_argument("--cost-ratio", type=float, default=0.82, help="policy.cost_ratio (lab fit: 0.82)")
-    parser.add_argument("--no-step-cost", action="store_true", help="Leviathan's c, not the lab's T(B,K)")
-    parser.add_argument("--no-table", action="store_true", help="one K instead of the per-batch-size table")
-    parser.add_argument("--models-dir", type=Path, default=DEFAULT_MODELS_DIR)
-    parser.add_argument("--actuator", choices=("restart", "live"), default="restart",
-                        help="how spectuner applies changes: restart the engine, or set K tables live (plugin)")
-    parser.add_argument("--fixed-from", type=Path, default=None,
-                        help="reuse the fixed runs of an earlier result JSON (same machine, same workload)")
+    parser.add_argument("--drafts", type=lambda s: [d for d in s.split(",") if d],
+                        default=["good", "medium", "weak", "ngram"], help="lab drafts measured and registered")
+    parser.add_argument("--start", type=_draft_k, default=START, help="spectuner's start, DRAFT:K (medium:3)")
+    parser.add_argument("--restart-downtime-s", type=float, default=45.0, help="guardrails' cost of a restart")
+    parser.add_argument("--models-dir", type=Path, default=REPO / GPU_LIKE_MODELS_DIR)
+    parser.add_argument("--no-spectuner", action="store_true", help="only the fixed configs")
+    parser.add_argument("--no-fixed", action="store_true", help="only spectuner (no ratios)")
     parser.add_argument("--keep-db", type=Path, default=None, help="copy spectuner's database here at the end")
+    parser.add_argument("--out", default="live", help="result file stem under bench/results/")
     args = parser.parse_args()
+    if not (args.models_dir / "manifest.json").exists():
+        parser.error(f"no lab models in {args.models_dir}: run `make models-gpu` first")
+    if args.start[0] not in args.drafts and not args.no_spectuner:
+        parser.error(f"--drafts must include {args.start[0]} (spectuner's start and the reference config)")
     load_before = [round(x, 2) for x in os.getloadavg()]
-    runs: dict[str, dict[str, Any]] = {}
-    if args.fixed_from is not None:
-        earlier = json.loads(args.fixed_from.read_text())
-        if earlier.get("phase_s") != args.phase_s or earlier.get("max_tokens") != args.max_tokens:
-            parser.error(f"{args.fixed_from} ran another workload (phase_s, max_tokens); run the fixed configs again")
-        runs.update({k: v for k, v in earlier["runs"].items() if not k.startswith("spectuner")})
-    with tempfile.TemporaryDirectory(prefix="bench-live-", dir=REPO / ".lab") as tmp:
+    t0 = time.time()
+    cells: list[dict[str, Any]] = []
+    fixed_info: dict[str, Any] = {}
+    sp = None
+    (REPO / ".lab").mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="bl-", dir=REPO / ".lab") as tmp:
         workdir = Path(tmp)
-        for draft, k in _parse_configs(args.configs):
-            result = run_fixed(draft, k, args, workdir)
-            runs[result["config"]] = result
+        if not args.no_fixed:
+            cells, fixed_info = run_fixed(args, workdir)
         if not args.no_spectuner:
-            runs["spectuner"] = run_spectuner(args, workdir)
+            sp = run_spectuner(args, workdir)
     doc = {
-        "when": datetime.now(UTC).isoformat(timespec="seconds"),
-        "phase_s": args.phase_s,
-        "max_tokens": args.max_tokens,
-        "load_average_before": load_before,
-        "load_average_after": [round(x, 2) for x in os.getloadavg()],
-        "runs": runs,
-        "summary": summarize(runs, args.phase_s),
+        "when": datetime.now(UTC).isoformat(timespec="seconds"), "models_dir": str(args.models_dir),
+        "phase_s": args.phase_s, "cell_s": args.cell_s, "visits": args.visits, "max_tokens": args.max_tokens,
+        "phases": [p.name for p in PHASES], "wall_s": round(time.time() - t0, 1),
+        "load_average_before": load_before, "load_average_after": [round(x, 2) for x in os.getloadavg()],
+        "fixed": fixed_info, "cells": cells, "spectuner": sp,
+        "summary": summarize(cells, sp, args.cell_s, f"{args.start[0]}/K={args.start[1]}") if cells else {},
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{args.out}.json").write_text(json.dumps(doc, indent=2) + "\n")
-    (RESULTS / f"{args.out}.md").write_text(markdown(doc))
-    plot(doc, RESULTS / f"{args.out}.png")
-    print(markdown(doc))
+    if cells:
+        (RESULTS / f"{args.out}.md").write_text(markdown(doc))
+        plot(doc, RESULTS / f"{args.out}.png")
+        print(markdown(doc))
     return 0
 
 

@@ -47,6 +47,16 @@ class ActuatorStats:
     log: list[ApplyLog] = field(default_factory=list)
 
 
+def live_change(engine: SimEngine, old: SimConfig, new: SimConfig) -> bool:
+    """Whether the engine takes ``old`` → ``new`` live (``[engine] live_k_max``): the same draft, every K
+    within the K_max it runs, as the live actuator does through the plugin; anything else restarts."""
+    k_max = engine.scenario.engine.live_k_max
+    if not k_max or old.draft is None or new.draft != old.draft:
+        return False
+    ks = [row[2] for row in new.table] if new.table else [new.k]
+    return max(ks) <= k_max
+
+
 class SimActuator(Actuator):
     kind = "restart"
     needs_restart = True
@@ -68,7 +78,6 @@ class SimActuator(Actuator):
             return unchanged
         e = self.engine.scenario.engine
         at = self.clock.now
-        self.stats.restarts += 1
         try:
             target = self.engine.from_spec(SpecConfig.from_vllm(config))
         except ValueError:  # not a config vLLM would take
@@ -77,6 +86,12 @@ class SimActuator(Actuator):
             f"no draft of the scenario matches {config}" if target is None else self.engine.start_problem(target)
         )
         label = target.label if target is not None else str(config)
+        if target is not None and problem is None and live_change(self.engine, self.config, target):
+            self.config = target  # a live K change: no restart, no serving gap
+            self.current = dict(config)
+            self.stats.log.append(ApplyLog(at, label, ApplyStatus.APPLIED.value, 0.0))
+            return ApplyResult(ApplyStatus.APPLIED, f"set {label} live", self.current, 0.0)
+        self.stats.restarts += 1
         if problem is not None:
             gap = e.restart_downtime_s + e.start_failure_s
             self.clock.advance(gap)
@@ -97,6 +112,13 @@ class SimActuator(Actuator):
         self.current = dict(config)
         self.stats.log.append(ApplyLog(at, label, ApplyStatus.APPLIED.value, e.restart_downtime_s))
         return ApplyResult(ApplyStatus.APPLIED, f"restarted with {label}", self.current, e.restart_downtime_s)
+
+    def needs_restart_for(self, config: VllmSpec) -> bool:
+        try:
+            target = self.engine.from_spec(SpecConfig.from_vllm(config))
+        except ValueError:
+            return True
+        return target is None or not live_change(self.engine, self.config, target)
 
     def start(self, config: VllmSpec) -> ApplyResult:
         return ApplyResult(ApplyStatus.UNCHANGED, "the simulated engine is already up", self.current)

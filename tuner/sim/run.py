@@ -46,7 +46,7 @@ from tuner.controller.audit import TickResult
 from tuner.controller.context import DecisionContext, measure
 from tuner.controller.controller import Controller, Policy
 from tuner.controller.policy import PolicyOutcome
-from tuner.sim.actuator import SimActuator, SimClock
+from tuner.sim.actuator import SimActuator, SimClock, live_change
 from tuner.sim.baselines import Baseline, make_baseline
 from tuner.sim.engine import OFF, SimConfig, SimEngine
 from tuner.sim.scenario import Scenario, ScenarioError
@@ -537,17 +537,19 @@ def judge_changes(engine: SimEngine, run: PolicyRun, downtime_s: float) -> Chang
     for i in range(1, len(run.configs)):
         t, new = run.configs[i]
         _, old = run.configs[i - 1]
-        at = max(t - downtime_s, 0.0)  # the decision was taken when the restart began
+        gap = 0.0 if live_change(engine, old, new) else downtime_s
+        at = max(t - gap, 0.0)  # the decision was taken when the restart began
         better = float(engine.expected_goodput(new, at)) > float(engine.expected_goodput(old, at))
         if not better:
             unwarranted += 1
         elif s.change_at_s is not None and at >= s.change_at_s and first is None:
             first = at - s.change_at_s
-        end = run.configs[i + 1][0] - downtime_s if i + 1 < len(run.configs) else s.duration_s
+        next_gap = 0.0 if i + 1 < len(run.configs) and live_change(engine, new, run.configs[i + 1][1]) else downtime_s
+        end = run.configs[i + 1][0] - next_gap if i + 1 < len(run.configs) else s.duration_s
         grid = np.arange(t, max(end, t + dt), dt) + dt / 2
         won = float(np.sum(engine.expected_goodput(new, grid) - engine.expected_goodput(old, grid)) * dt)
-        lost = float(engine.expected_goodput(old, at)) * downtime_s
-        if won < lost:
+        lost = float(engine.expected_goodput(old, at)) * gap
+        if gap > 0 and won < lost:  # a live change is not a restart
             unpaid += 1
     return ChangeJudgement(unwarranted, unpaid, first)
 

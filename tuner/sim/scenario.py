@@ -62,6 +62,13 @@ class EngineSection(_Section):
         default=0.0, ge=0, description="extra serving gap when a config fails and the old one is restarted"
     )
     max_num_seqs: int = Field(default=256, ge=1, description="vLLM --max-num-seqs")
+    live_k_max: int = Field(
+        default=0,
+        ge=0,
+        le=16,
+        description="K_max the engine runs for live K tables (the spectuner plugin, docs/controller.md): a change "
+        "that keeps the draft and needs no K above it costs no downtime; 0: every change restarts",
+    )
     kv_read_s_per_token: float = Field(
         default=0.0,
         ge=0,

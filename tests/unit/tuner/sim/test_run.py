@@ -19,7 +19,7 @@ from tuner.controller.context import DecisionContext
 from tuner.controller.policy import PolicyOutcome, PolicyReason
 from tuner.controller.settings import PolicySettings
 from tuner.sim.actuator import SimActuator, SimClock
-from tuner.sim.engine import SimEngine
+from tuner.sim.engine import SimConfig, SimEngine
 from tuner.sim.run import (
     T0,
     ControllerDriver,
@@ -232,3 +232,27 @@ def test_shadow_evidence_steers_the_swap_away_from_an_optimistic_prior() -> None
     assert any(label.startswith("hopeful/") for _, label in outcomes["prior only"]), outcomes
     assert not any(label.startswith("hopeful/") for _, label in outcomes["shadow"]), outcomes
     assert outcomes["shadow"][-1][1].startswith("llama-1b/"), outcomes
+
+
+def test_live_k_engine_changes_k_without_a_restart_and_restarts_for_another_draft() -> None:
+    scenario = bench_scenario("lab_gpu_like", engine={"live_k_max": 5})
+    engine = SimEngine(scenario)
+    clock = SimClock(T0)
+    actuator = SimActuator(engine, clock, start_config(scenario))  # medium/K=3
+    medium = engine.to_spec(start_config(scenario)).to_vllm()["model"]
+    table = {"method": "draft_model", "model": medium, "num_speculative_tokens": 5,
+             "num_speculative_tokens_per_batch_size": [[1, 4, 5], [5, 64, 1]]}
+    assert not actuator.needs_restart_for(table)
+    result = actuator.apply(table)
+    assert (result.status.value, result.downtime_s, actuator.stats.restarts, clock.now) == ("applied", 0.0, 0, T0)
+    # K above the engine's K_max, or another draft, restarts
+    assert actuator.needs_restart_for({**table, "num_speculative_tokens": 6,
+                                       "num_speculative_tokens_per_batch_size": [[1, 64, 6]]})
+    good = engine.to_spec(SimConfig("good", 3)).to_vllm()
+    assert actuator.needs_restart_for(good)
+    result = actuator.apply(good)
+    assert result.downtime_s == scenario.engine.restart_downtime_s and actuator.stats.restarts == 1
+    # without live_k_max every change restarts (the default)
+    plain = SimActuator(SimEngine(bench_scenario("lab_gpu_like")), SimClock(T0), start_config(scenario))
+    assert plain.needs_restart_for(table)
+    assert plain.apply(table).downtime_s == scenario.engine.restart_downtime_s
