@@ -181,11 +181,16 @@ def test_good_scrapes_become_windows_in_the_store(page_server: tuple[PageServer,
     assert collector.errors == {}
 
 
+# A good scrape must fit the timeout on a loaded 2-core machine (0.5 s did not); a stall far exceeds it.
+SCRAPE_TIMEOUT_S = 3.0
+STALL_S = 5.0
+
+
 @pytest.mark.parametrize(
     ("fault", "reason"),
     [
         (Reply(kind="status", status=500), ScrapeErrorReason.HTTP_STATUS),
-        (Reply(kind="stall", stall_s=1.5), ScrapeErrorReason.TIMEOUT),
+        (Reply(kind="stall", stall_s=STALL_S), ScrapeErrorReason.TIMEOUT),
         (Reply(kind="short"), ScrapeErrorReason.TRUNCATED),
         (Reply(kind="chunked_cut"), ScrapeErrorReason.TRUNCATED),
         (
@@ -203,7 +208,7 @@ def test_a_bad_scrape_writes_nothing_is_counted_and_loses_nothing(
     state, url = page_server
     state.script = [Reply(page=PAGE_A), fault, Reply(page=PAGE_B)]
     sink, clock = ListSink(), FakeClock()
-    with Collector(url, sink, interval_s=10, timeout_s=0.5, clock=clock) as collector:
+    with Collector(url, sink, interval_s=10, timeout_s=SCRAPE_TIMEOUT_S, clock=clock) as collector:
         assert collector.collect_once().ok
         clock.advance(10)
         bad = collector.collect_once()
