@@ -2,7 +2,8 @@
 load at 4 concurrent, through the real tap: 0 failed requests, 0 truncated streams, and every
 answer's generated text identical to an unproxied greedy run of the same prompt (ids and timestamps
 differ between runs by nature, so the generated text is what is compared, byte for byte). A draft
-that cannot load, under drain-and-hold, ends with the held requests served by the restored engine.
+that cannot load, under drain-and-hold, ends with the held requests served by the restored engine
+(on the drain-and-hold engine, after its swap: each engine start costs minutes on 2 cores).
 
 Blue/green runs two lab engines for the length of the switch (that is the strategy). Rolling apply runs
 two lab engine replicas behind the same tap, each pinned to its own core, and changes one at a time.
@@ -24,6 +25,7 @@ from tuner.actuators import ApplyStatus
 from tuner.actuators.base import ApplyResult, VllmSpec
 from tuner.actuators.front_door import InProcessTap
 from tuner.actuators.restart import RestartActuator
+from tuner.actuators.rolling import RollingActuator
 from tuner.lab.apply_load import (
     Outcome,
     SteadyLoad,
@@ -78,15 +80,21 @@ def strategy(
 
 
 def test_a_draft_swap_fails_no_request_and_changes_no_answer(
-    strategy: tuple[str, RestartActuator, InProcessTap], lab_models: Manifest
+    strategy: tuple[str, RestartActuator, InProcessTap], lab_models: Manifest, tmp_path: Path
 ) -> None:
     name, actuator, tap = strategy
     engine_url = engine_url_of(actuator)
     reference = reference_texts(engine_url, SERVED_MODEL_NAME, PROMPTS, MAX_TOKENS)
-    load = SteadyLoad(tap.url, SERVED_MODEL_NAME, PROMPTS, concurrency=4, max_tokens=MAX_TOKENS).start()
+    good = spec(lab_models, "good")
+    # Blue/green starts the new engine beside the serving one: clients back to back keep both cores busy and
+    # the start took 8 minutes on a quiet 2-core box; with pauses requests still cross the switch in numbers.
+    pause_s = 1.0 if name == "blue_green" else 0.0
+    load = SteadyLoad(
+        tap.url, SERVED_MODEL_NAME, PROMPTS, concurrency=4, max_tokens=MAX_TOKENS, pause_s=pause_s
+    ).start()
     time.sleep(3.0)  # steady state before the change
     t0 = time.monotonic()
-    result = actuator.apply(spec(lab_models, "good"))
+    result = actuator.apply(good)
     t1 = time.monotonic()
     time.sleep(3.0)
     outcomes = load.stop()
@@ -100,35 +108,31 @@ def test_a_draft_swap_fails_no_request_and_changes_no_answer(
     else:
         assert impact.requests_held is not None and impact.requests_held >= 1
     print(f"{name}: {len(outcomes)} requests, change {t1 - t0:.1f} s, impact {impact}")
+    if name == "drain_hold":
+        # on the same engine (a start costs minutes on 2 cores): a draft that cannot load, drained and held,
+        # ends with the held requests served by the restored engine
+        serves_held_requests_when_the_draft_fails(actuator, tap, good, reference, tmp_path)
 
 
-def test_drain_and_hold_serves_held_requests_from_the_restored_engine_when_the_draft_fails(
-    lab_models: Manifest, tmp_path: Path
+def serves_held_requests_when_the_draft_fails(
+    actuator: RestartActuator, tap: InProcessTap, good: VllmSpec, reference: dict[str, str], tmp_path: Path
 ) -> None:
-    actuator, tap = make_actuator("drain_hold", tmp_path / "engine")
     broken_dir = tmp_path / "broken-draft"
     broken_dir.mkdir()
     (broken_dir / "config.json").write_text("{not json")
-    try:
-        good = spec(lab_models, "good")
-        assert actuator.start(good).status is ApplyStatus.APPLIED
-        engine_url = engine_url_of(actuator)
-        reference = reference_texts(engine_url, SERVED_MODEL_NAME, PROMPTS, MAX_TOKENS)
-        load = SteadyLoad(tap.url, SERVED_MODEL_NAME, PROMPTS, concurrency=4, max_tokens=MAX_TOKENS).start()
-        time.sleep(3.0)
-        t0 = time.monotonic()
-        result = actuator.apply({"method": "draft_model", "model": str(broken_dir), "num_speculative_tokens": 3})
-        t1 = time.monotonic()
-        time.sleep(3.0)
-        outcomes = load.stop()
-        assert result.status is ApplyStatus.ROLLED_BACK, result.message
-        assert actuator.current == good
-        check(outcomes, reference, (t0, t1))
-        assert result.impact is not None and result.impact.requests_failed == 0
-        assert result.impact.requests_held is not None and result.impact.requests_held >= 1
-    finally:
-        actuator.stop()
-        tap.stop()
+    load = SteadyLoad(tap.url, SERVED_MODEL_NAME, PROMPTS, concurrency=4, max_tokens=MAX_TOKENS).start()
+    time.sleep(3.0)
+    t0 = time.monotonic()
+    result = actuator.apply({"method": "draft_model", "model": str(broken_dir), "num_speculative_tokens": 3})
+    t1 = time.monotonic()
+    time.sleep(3.0)
+    outcomes = load.stop()
+    assert result.status is ApplyStatus.ROLLED_BACK, result.message
+    assert actuator.current == good
+    check(outcomes, reference, (t0, t1))
+    assert result.impact is not None and result.impact.requests_failed == 0
+    assert result.impact.requests_held is not None and result.impact.requests_held >= 1
+    print(f"drain_hold, draft cannot load: {len(outcomes)} requests, rolled back in {t1 - t0:.1f} s")
 
 
 # -- rolling apply ------------------------------------------------------------------------------------
@@ -150,11 +154,10 @@ def serves_reference(url: str, reference: dict[str, str]) -> bool:
 
 @dataclass
 class Roll:
-    """A weak -> good roll over two replicas under steady load through the tap, and what it left."""
+    """A roll over two replicas under steady load through the tap, and what it left."""
 
     result: ApplyResult
     outcomes: list[Outcome]
-    reference: dict[str, str]
     change: tuple[float, float]
     pids_before: list[int | None]
     drafts_after: list[str]
@@ -163,79 +166,80 @@ class Roll:
     verified: list[tuple[int, str]]  # (replica, draft it ran) per verify call
 
 
-def roll_under_load(lab_models: Manifest, tmp_path: Path, verdict: Callable[[str, dict[str, str]], bool]) -> Roll:
-    """``verdict(replica URL, reference texts)`` is each changed replica's first verification window."""
-    actuator, tap = lab_rolling_actuator(MODELS_DIR, tmp_path / "engines")
+def roll_under_load(
+    actuator: RollingActuator, tap: InProcessTap, target: VllmSpec, verdict: Callable[[str], bool]
+) -> Roll:
+    """Apply ``target`` over both replicas under steady load; ``verdict(replica URL)`` is each changed
+    replica's first verification window."""
     verified: list[tuple[int, str]] = []
-    reference: dict[str, str] = {}
 
     def verify(index: int, config: VllmSpec) -> bool:
         verified.append((index, draft_of(actuator.replicas[index])))
-        return verdict(actuator.urls[index], reference)
+        return verdict(actuator.urls[index])
 
     actuator.verify = verify
+    pids_before = [r.process.pid if r.process else None for r in actuator.replicas]
+    load = SteadyLoad(tap.url, SERVED_MODEL_NAME, PROMPTS, concurrency=4, max_tokens=MAX_TOKENS).start()
+    time.sleep(3.0)  # steady state before the change
+    t0 = time.monotonic()
+    result = actuator.apply(target)
+    t1 = time.monotonic()
+    time.sleep(3.0)
+    outcomes = load.stop()
+    assert tap.client.state()["upstreams"] == actuator.urls, "the door must front every replica again"
+    return Roll(
+        result,
+        outcomes,
+        (t0, t1),
+        pids_before,
+        [draft_of(r) for r in actuator.replicas],
+        [r.process.pid if r.process else None for r in actuator.replicas],
+        actuator.current,
+        verified,
+    )
+
+
+def test_rolling_apply_changes_one_replica_at_a_time_and_stops_at_the_first_regression(
+    lab_models: Manifest, tmp_path: Path
+) -> None:
+    """Two rolls on one pair of replicas (every engine start costs minutes on 2 cores): weak → good, each
+    replica verified; then good → weak with replica 0's window regressing: the roll stops there."""
+    actuator, tap = lab_rolling_actuator(MODELS_DIR, tmp_path / "engines")
     try:
         started = actuator.start(spec(lab_models, "weak"))
         assert started.status is ApplyStatus.APPLIED, started.message + started.detail
         assert tap.client.state()["upstreams"] == actuator.urls
-        reference.update(reference_texts(actuator.urls[0], SERVED_MODEL_NAME, PROMPTS, MAX_TOKENS))
-        pids_before = [r.process.pid if r.process else None for r in actuator.replicas]
-        load = SteadyLoad(tap.url, SERVED_MODEL_NAME, PROMPTS, concurrency=4, max_tokens=MAX_TOKENS).start()
-        time.sleep(3.0)  # steady state before the change
-        t0 = time.monotonic()
-        result = actuator.apply(spec(lab_models, "good"))
-        t1 = time.monotonic()
-        time.sleep(3.0)
-        outcomes = load.stop()
-        assert tap.client.state()["upstreams"] == actuator.urls, "the door must front every replica again"
-        return Roll(
-            result,
-            outcomes,
-            reference,
-            (t0, t1),
-            pids_before,
-            [draft_of(r) for r in actuator.replicas],
-            [r.process.pid if r.process else None for r in actuator.replicas],
-            actuator.current,
-            verified,
-        )
+        reference = reference_texts(actuator.urls[0], SERVED_MODEL_NAME, PROMPTS, MAX_TOKENS)
+
+        # 1. each replica's first verification window: it answers, asked directly, as before the change
+        roll = roll_under_load(actuator, tap, spec(lab_models, "good"), lambda url: serves_reference(url, reference))
+        assert roll.result.status is ApplyStatus.APPLIED, roll.result.message + roll.result.detail
+        assert roll.verified == [(0, "good"), (1, "good")]
+        assert roll.drafts_after == ["good", "good"]
+        assert all(a != b for a, b in zip(roll.pids_after, roll.pids_before, strict=True)), "each replica restarted"
+        assert roll.current is not None and roll.current["model"].endswith("good")
+        check(roll.outcomes, reference, roll.change)
+        audit = roll.result.event_data()
+        assert audit["strategy"] == "rolling" and audit["requests_failed"] == 0, audit
+        assert audit["requests_held"] == 0, "the other replica serves meanwhile: nothing is held"
+        print(f"rolling: {len(roll.outcomes)} requests, change {roll.change[1] - roll.change[0]:.1f} s, {audit}")
+
+        # 2. replica 0's window regresses: it is rolled back and replica 1 is never touched
+        back = roll_under_load(actuator, tap, spec(lab_models, "weak"), lambda url: False)
+        assert back.result.status is ApplyStatus.ROLLED_BACK, back.result.message + back.result.detail
+        assert "1 never changed" in back.result.message, back.result.message
+        assert back.verified == [(0, "weak")], "the roll stops at the first replica"
+        assert back.drafts_after == ["good", "good"]
+        assert back.pids_after[0] != back.pids_before[0], "the first replica was changed, then rolled back"
+        assert back.pids_after[1] == back.pids_before[1], "the second replica was never touched"
+        assert back.current is not None and back.current["model"].endswith("good")
+        check(back.outcomes, reference, back.change)
+        audit = back.result.event_data()
+        assert audit["strategy"] == "rolling" and audit["requests_failed"] == 0, audit
+        print(f"rolled back: {len(back.outcomes)} requests, change {back.change[1] - back.change[0]:.1f} s, {audit}")
     finally:
         actuator.stop()
         tap.stop()
         for replica in actuator.replicas:  # a short private TMPDIR made because tmp_path is too deep for ZeroMQ
             if not Path(replica.env["TMPDIR"]).is_relative_to(tmp_path):
                 shutil.rmtree(replica.env["TMPDIR"], ignore_errors=True)
-
-
-def test_rolling_apply_changes_both_replicas_one_at_a_time_failing_no_request(
-    lab_models: Manifest, tmp_path: Path
-) -> None:
-    # Each replica's first verification window: it answers, asked directly, as before the change.
-    roll = roll_under_load(lab_models, tmp_path, serves_reference)
-    assert roll.result.status is ApplyStatus.APPLIED, roll.result.message + roll.result.detail
-    assert roll.verified == [(0, "good"), (1, "good")]
-    assert roll.drafts_after == ["good", "good"]
-    assert all(a != b for a, b in zip(roll.pids_after, roll.pids_before, strict=True)), "each replica restarted"
-    assert roll.current is not None and roll.current["model"].endswith("good")
-    check(roll.outcomes, roll.reference, roll.change)
-    audit = roll.result.event_data()
-    assert audit["strategy"] == "rolling" and audit["requests_failed"] == 0, audit
-    assert audit["requests_held"] == 0, "the other replica serves meanwhile: nothing is held"
-    print(f"rolling: {len(roll.outcomes)} requests, change {roll.change[1] - roll.change[0]:.1f} s, {audit}")
-
-
-def test_rolling_apply_stops_and_rolls_back_when_the_first_replica_regresses(
-    lab_models: Manifest, tmp_path: Path
-) -> None:
-    roll = roll_under_load(lab_models, tmp_path, lambda url, reference: False)  # replica 0's window regresses
-    assert roll.result.status is ApplyStatus.ROLLED_BACK, roll.result.message + roll.result.detail
-    assert "1 never changed" in roll.result.message, roll.result.message
-    assert roll.verified == [(0, "good")], "the roll stops at the first replica"
-    assert roll.drafts_after == ["weak", "weak"]
-    assert roll.pids_after[0] != roll.pids_before[0], "the first replica was changed, then rolled back"
-    assert roll.pids_after[1] == roll.pids_before[1], "the second replica was never touched"
-    assert roll.current is not None and roll.current["model"].endswith("weak")
-    check(roll.outcomes, roll.reference, roll.change)
-    audit = roll.result.event_data()
-    assert audit["strategy"] == "rolling" and audit["requests_failed"] == 0, audit
-    print(f"rolling rollback: {len(roll.outcomes)} requests, change {roll.change[1] - roll.change[0]:.1f} s, {audit}")

@@ -28,6 +28,7 @@ from typing import Any
 import httpx
 import pytest
 
+from collectors.records import EngineKey
 from tests.integration.pg import PostgresUnavailable, postgres_server
 from tuner.actuators.front_door import FrontDoorClient, FrontDoorError
 from tuner.engine.process import free_port
@@ -37,7 +38,7 @@ from tuner.lab.models import Manifest
 from tuner.lab.prompts import HARD, PREDICTABLE
 from tuner.lab.serve import LabServer, speculative_config
 from tuner.lab.workload import BackgroundLoad
-from tuner.store import AppliedBy, DecisionStatus, Store, StoredDecision, upgrade
+from tuner.store import AppliedBy, DecisionStatus, Store, StoredConfig, StoredDecision, upgrade
 
 from .conftest import MODELS_DIR
 from .processes import spawn, stop
@@ -65,7 +66,13 @@ def spawn_here(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
     return spawn(argv, log, ROOT, {**os.environ, "SPECTUNER_LOG": "INFO", "PYTHONPATH": str(ROOT)})
 
 
-def wait_for(what: str, check: Callable[[], Any], timeout_s: float, procs: dict[str, tuple[Any, Path]]) -> Any:
+def wait_for(
+    what: str,
+    check: Callable[[], Any],
+    timeout_s: float,
+    procs: dict[str, tuple[Any, Path]],
+    context: Callable[[], str] = lambda: "",
+) -> Any:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         value = check()
@@ -78,7 +85,21 @@ def wait_for(what: str, check: Callable[[], Any], timeout_s: float, procs: dict[
                 )
         time.sleep(1.0)
     tails = "\n".join(f"--- {name}:\n{log.read_text()[-3000:]}" for name, (_, log) in procs.items())
-    pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}:\n{tails}")
+    pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}:\n{context()}\n{tails}")
+
+
+def audit_trail(store: Store, key: EngineKey) -> str:
+    """One engine's applied-config periods and non-blocked decisions: what a failure has to explain."""
+    configs = [
+        f"  {c.config.started_at:%H:%M:%S} {c.config.applied_by} {c.config.spec.describe()}" for c in store.configs(key)
+    ]
+    decisions = [
+        f"  {d.id} {d.decision.created_at:%H:%M:%S} {d.decision.action} {d.status}: "
+        f"{(d.status_message or d.decision.message)[:300]}"
+        for d in store.decisions()
+        if d.decision.engine == key and d.status != DecisionStatus.BLOCKED
+    ]
+    return "\n".join([f"configs of {key.url}:", *configs, "decisions:", *decisions])
 
 
 def answers(url: str) -> bool:
@@ -234,13 +255,31 @@ def test_canary_promotes_a_better_draft_and_rolls_back_a_worse_one_alone(
             assert all("draft-weak" in str(c.spec.to_vllm()) for c in during), during
 
             # ... and then applied the promotion itself
-            def promoted_there() -> bool:
-                current = store.current_config(other_key)
-                return current is not None and current.config.applied_by == AppliedBy.PROMOTED
+            assert first.decision.proposed is not None
+            wanted = first.decision.proposed.fingerprint
+            [order] = [
+                d for d in store.decisions()
+                if d.decision.action == "promote" and d.decision.inputs.get("canary_decision") == first.id
+            ]  # fmt: skip
+            assert order.decision.engine == other_key, order
 
-            wait_for("the promotion on the other replica", promoted_there, 120 + ENGINE_START_S, procs)
-            current = store.current_config(other_key)
-            assert current is not None and current.config.spec.fingerprint == first.decision.proposed.fingerprint  # type: ignore[union-attr]
+            def promoted_there() -> StoredConfig | None:
+                current = store.current_config(other_key)
+                return current if current is not None and current.config.spec.fingerprint == wanted else None
+
+            # A start that overruns its timeout on a loaded machine rolls the promotion back; the replica's own
+            # controller then makes the same change on a later tick (a failed promotion does not bar it): time for
+            # both starts and the rollback's.
+            current = wait_for(
+                "the promoted config on the other replica", promoted_there, 3 * ENGINE_START_S, procs,
+                lambda: audit_trail(store, other_key),
+            )  # fmt: skip
+            order = store.decision(order.id)
+            if current.config.applied_by != AppliedBy.PROMOTED:
+                # only an engine that did not come up may keep the promotion from being the change that landed
+                assert order.status == DecisionStatus.ROLLED_BACK, audit_trail(store, other_key)
+                assert "did not come up" in (order.status_message or ""), audit_trail(store, other_key)
+                print(f"the promotion was rolled back ({order.status_message}); the replica's controller made it")
 
             # 2. a worse draft, asked by an operator as a canary on the replica that was promoted
             canary_key = next(e.key for e in store.engines() if e.key.url == canary_url)
@@ -298,7 +337,7 @@ def test_canary_promotes_a_better_draft_and_rolls_back_a_worse_one_alone(
                 procs,
             )
             back = store.current_config(other_key)
-            assert back is not None and back.config.spec.fingerprint == first.decision.proposed.fingerprint  # type: ignore[union-attr]
+            assert back is not None and back.config.spec.fingerprint == wanted
         phases = load.stop()
         errors = sum(p.errors for p in phases)
         served = sum(len(p.completions) for p in phases)

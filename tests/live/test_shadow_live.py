@@ -75,7 +75,7 @@ def cli(*args: str) -> Any:
 
 
 def test_shadow_alpha_lies_within_the_served_interval(
-    lab_models: Manifest, start_lab_server: Callable[..., LabServer], tmp_path: Path
+    lab_models: Manifest, lab_engine: LabServer, start_lab_server: Callable[..., LabServer], tmp_path: Path
 ) -> None:
     db = f"sqlite:///{tmp_path / 'shadow.db'}"
     upgrade(db)
@@ -83,8 +83,9 @@ def test_shadow_alpha_lies_within_the_served_interval(
     recorder = TrafficRecorder(record, None)
 
     served: dict[str, list[tuple[bytes, bytes]]] = {}
-    first = start_lab_server(draft=COMPARED[0], k=3)
-    served[COMPARED[0]] = serve_all(first)
+    # the session's shared engine serves good at K = 3: recorded there, not on a start of its own
+    assert (lab_engine.draft, lab_engine.k) == (COMPARED[0], 3)
+    served[COMPARED[0]] = serve_all(lab_engine)
     for req, resp in served[COMPARED[0]]:
         recorder.observe(req, resp)
     recorder.drain()

@@ -100,12 +100,21 @@ def complete(client: httpx.Client, url: str, model: str, prompt: str, max_tokens
 
 
 class SteadyLoad:
-    """``concurrency`` clients back to back (even-numbered ones stream), cycling through ``prompts``."""
+    """``concurrency`` clients (even-numbered ones stream), cycling through ``prompts``, each pausing
+    ``pause_s`` between its requests (0: back to back)."""
 
     def __init__(
-        self, url: str, model: str, prompts: Sequence[str], *, concurrency: int = 4, max_tokens: int = 24
+        self,
+        url: str,
+        model: str,
+        prompts: Sequence[str],
+        *,
+        concurrency: int = 4,
+        max_tokens: int = 24,
+        pause_s: float = 0.0,
     ) -> None:
         self.url, self.model, self.prompts, self.max_tokens = url, model, list(prompts), max_tokens
+        self.pause_s = pause_s
         self.outcomes: list[Outcome] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -125,6 +134,8 @@ class SteadyLoad:
                 if not outcome.ok:
                     # A client retrying at once would count one outage as thousands of failures.
                     self._stop.wait(RETRY_PAUSE_S)
+                elif self.pause_s > 0:
+                    self._stop.wait(self.pause_s)
 
     def start(self) -> SteadyLoad:
         for t in self._threads:
@@ -161,13 +172,21 @@ def lab_strategy_actuator(strategy: str, models_dir: Path, workdir: Path) -> tup
     tap.start()
     argv, log_path = bare.argv(), bare.log_path
     timing: dict[str, Any] = {
-        "startup_timeout_s": 600.0, "shutdown_timeout_s": 10.0, "pass_shutdown_timeout": False, "env": bare.env(),
+        "startup_timeout_s": 600.0,
+        "shutdown_timeout_s": 10.0,
+        "pass_shutdown_timeout": False,
+        "env": bare.env(),
     }
     actuator: RestartActuator
     if strategy == "blue_green":
         alt = free_port()
         actuator = BlueGreenActuator(
-            argv, alt, log_path, tap.client, drain_timeout_s=60.0, env_by_port=side_by_side_cpu_env((port, alt)),
+            argv,
+            alt,
+            log_path,
+            tap.client,
+            drain_timeout_s=60.0,
+            env_by_port=side_by_side_cpu_env((port, alt)),
             **timing,
         )
     elif strategy == "drain_hold":
