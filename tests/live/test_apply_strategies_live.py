@@ -65,6 +65,22 @@ def check(outcomes: list[Outcome], reference: dict[str, str], change: tuple[floa
     assert any(o.stream for o in overlapping) and any(not o.stream for o in overlapping)
 
 
+def apply_under_load(
+    tap: InProcessTap, apply: Callable[[], ApplyResult], pause_s: float = 0.0
+) -> tuple[ApplyResult, list[Outcome], tuple[float, float]]:
+    """``apply()`` with 4 clients (half streaming) on the tap from 3 s before to 3 s after: its result, every
+    client request's outcome, and the change's (start, end) on the monotonic clock."""
+    load = SteadyLoad(
+        tap.url, SERVED_MODEL_NAME, PROMPTS, concurrency=4, max_tokens=MAX_TOKENS, pause_s=pause_s
+    ).start()
+    time.sleep(3.0)  # steady state before the change
+    t0 = time.monotonic()
+    result = apply()
+    t1 = time.monotonic()
+    time.sleep(3.0)
+    return result, load.stop(), (t0, t1)
+
+
 @pytest.fixture(params=["drain_hold", "blue_green"])
 def strategy(
     request: pytest.FixtureRequest, lab_models: Manifest, tmp_path: Path
@@ -89,15 +105,7 @@ def test_a_draft_swap_fails_no_request_and_changes_no_answer(
     # Blue/green starts the new engine beside the serving one: clients back to back keep both cores busy and
     # the start took 8 minutes on a quiet 2-core box; with pauses requests still cross the switch in numbers.
     pause_s = 1.0 if name == "blue_green" else 0.0
-    load = SteadyLoad(
-        tap.url, SERVED_MODEL_NAME, PROMPTS, concurrency=4, max_tokens=MAX_TOKENS, pause_s=pause_s
-    ).start()
-    time.sleep(3.0)  # steady state before the change
-    t0 = time.monotonic()
-    result = actuator.apply(good)
-    t1 = time.monotonic()
-    time.sleep(3.0)
-    outcomes = load.stop()
+    result, outcomes, (t0, t1) = apply_under_load(tap, lambda: actuator.apply(good), pause_s)
     assert result.status is ApplyStatus.APPLIED, result.message + result.detail
     assert actuator.current is not None and actuator.current["model"].endswith("good")
     check(outcomes, reference, (t0, t1))
@@ -120,13 +128,8 @@ def serves_held_requests_when_the_draft_fails(
     broken_dir = tmp_path / "broken-draft"
     broken_dir.mkdir()
     (broken_dir / "config.json").write_text("{not json")
-    load = SteadyLoad(tap.url, SERVED_MODEL_NAME, PROMPTS, concurrency=4, max_tokens=MAX_TOKENS).start()
-    time.sleep(3.0)
-    t0 = time.monotonic()
-    result = actuator.apply({"method": "draft_model", "model": str(broken_dir), "num_speculative_tokens": 3})
-    t1 = time.monotonic()
-    time.sleep(3.0)
-    outcomes = load.stop()
+    broken = {"method": "draft_model", "model": str(broken_dir), "num_speculative_tokens": 3}
+    result, outcomes, (t0, t1) = apply_under_load(tap, lambda: actuator.apply(broken))
     assert result.status is ApplyStatus.ROLLED_BACK, result.message
     assert actuator.current == good
     check(outcomes, reference, (t0, t1))
@@ -179,18 +182,12 @@ def roll_under_load(
 
     actuator.verify = verify
     pids_before = [r.process.pid if r.process else None for r in actuator.replicas]
-    load = SteadyLoad(tap.url, SERVED_MODEL_NAME, PROMPTS, concurrency=4, max_tokens=MAX_TOKENS).start()
-    time.sleep(3.0)  # steady state before the change
-    t0 = time.monotonic()
-    result = actuator.apply(target)
-    t1 = time.monotonic()
-    time.sleep(3.0)
-    outcomes = load.stop()
+    result, outcomes, change = apply_under_load(tap, lambda: actuator.apply(target))
     assert tap.client.state()["upstreams"] == actuator.urls, "the door must front every replica again"
     return Roll(
         result,
         outcomes,
-        (t0, t1),
+        change,
         pids_before,
         [draft_of(r) for r in actuator.replicas],
         [r.process.pid if r.process else None for r in actuator.replicas],
