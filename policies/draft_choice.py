@@ -306,6 +306,8 @@ class DraftReason(StrEnum):
     SWITCH_DRAFT = "switch_draft"
     FALLBACK_NGRAM = "fallback_ngram"
     DISABLE_SPECULATION = "disable_speculation"
+    ENABLE_SPECULATION = "enable_speculation"
+    KEEP_OFF = "keep_off"
 
 
 @dataclass(frozen=True)
@@ -614,6 +616,54 @@ def choose_draft(snapshot: DraftChoiceSnapshot) -> DraftDecision:
         trigger,
         tuple(ranking),
         current_score,
+    )
+
+
+def choose_enable(snapshot: DraftChoiceSnapshot) -> DraftDecision:
+    """Speculation is off: turn it back on with the candidate whose predicted speedup over plain decoding
+    is surely above 1 (the lower end of its interval) at the load now, else stay off. Each candidate's α is
+    its prior and its measured history on this engine (:func:`_posterior`), as for a swap. The load that
+    made speculation lose (a busy spell) can end; nothing else would ever turn it back on. Purely
+    computational; ``snapshot.current`` and ``windows`` are not read (there is no running draft)."""
+    trigger = TriggerCheck(False, TriggerReason.NOT_COVERED, "Speculation is off.", None, None, 0, 0.0)
+    ranking = _rank(replace(snapshot, current=None))
+    usable = [s for s in ranking if s.fits_memory and s.k > 0]
+    ranking.sort(key=lambda s: (s.fits_memory and s.k > 0, s.speedup), reverse=True)
+    best = max(usable, key=lambda s: (s.speedup_ci[0], s.source != "prior"), default=None)
+    if best is None or best.speedup_ci[0] <= 1.0:
+        if best is not None:
+            why = (
+                f"the best, {best.name} at K = {best.k}, is predicted {best.speedup:.2f}× plain decoding (interval "
+                f"{best.speedup_ci[0]:.2f}–{best.speedup_ci[1]:.2f}×, α ≈ {best.alpha:.2f} from {best.source}), "
+                "not surely above 1"
+            )
+        elif any(s.fits_memory for s in ranking):
+            why = "no K pays for any candidate (" + " ".join(s.message for s in ranking if s.fits_memory) + ")"
+        else:
+            why = "no candidate fits memory at any K"
+        return DraftDecision(
+            DraftReason.KEEP_OFF,
+            f"Speculation stays off at batch {snapshot.batch_size}: {why}.",
+            None,
+            0,
+            1.0,
+            (1.0, 1.0),
+            trigger,
+            tuple(ranking),
+        )
+    chosen = next(c for c in snapshot.candidates if c.name == best.name)
+    return DraftDecision(
+        DraftReason.ENABLE_SPECULATION,
+        f"Speculation is off; {chosen.name} ({chosen.method}) at K = {best.k} is predicted "
+        f"{best.speedup:.2f}× plain decoding at batch {snapshot.batch_size} (interval "
+        f"{best.speedup_ci[0]:.2f}–{best.speedup_ci[1]:.2f}×, α ≈ {best.alpha:.2f} from {best.source}): turning it "
+        "back on.",
+        chosen,
+        best.k,
+        best.speedup,
+        best.speedup_ci,
+        trigger,
+        tuple(ranking),
     )
 
 

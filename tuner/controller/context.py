@@ -261,7 +261,13 @@ def build_context(
         ctx, memory = _with_load(ctx, store, settings, memory)
     ctx = replace(ctx, running=running, failed=tuple(failed))
     ctx = replace(ctx, kv_capacity=kv_capacity(ctx, cache_config(store, keys), settings.policy))
+    if not ctx.current.speculates:
+        # the drafts it could come back with; their cost ratios also let their steps measure the target
+        # (steps without speculation at one batch size cannot tell its per-token cost from its fixed cost)
+        everyone = revival_candidates(store, keys, now, settings, configured)
     ctx, memory = _with_step_cost(ctx, store, settings, running, everyone, memory)
+    if not ctx.current.speculates:
+        return _with_revival(ctx, store, keys, now, settings, everyone, failed, memory), memory
     if settings.policy.swap is None or not configured:
         return ctx, memory
     if settings.fleet_prior:
@@ -279,6 +285,61 @@ def build_context(
         failed_candidates=frozenset(c.name for c in everyone if any(same_draft(f, c) for f in failed)),
         floored=floored_out(store, keys, stored, everyone, settings, memory),
     ), memory
+
+
+def revival_candidates(
+    store: Store,
+    keys: Sequence[EngineKey],
+    now: datetime,
+    settings: ControllerSettings,
+    configured: Sequence[DraftCandidate],
+) -> list[DraftCandidate]:
+    """The drafts speculation could be turned back on with: every configured candidate and the last
+    speculative config this engine ran within ``history_s`` (named after it, its cost ratio the policy's)."""
+    everyone = list(configured)
+    last = last_speculative(store, keys, now, settings.history_s)
+    if last is not None and not any(same_draft(last, c) for c in configured):
+        revived, _ = current_candidate(last, (), settings.policy.policy.cost_ratio)
+        if revived is not None:
+            everyone.append(replace(revived, speculative_config=dict(last.extra)))
+    return everyone
+
+
+def _with_revival(
+    ctx: DecisionContext,
+    store: Store,
+    keys: Sequence[EngineKey],
+    now: datetime,
+    settings: ControllerSettings,
+    everyone: Sequence[DraftCandidate],
+    failed: Sequence[SpecConfig],
+    memory: ControllerMemory,
+) -> DecisionContext:
+    """Speculation is off: the candidates it could be turned back on with (:func:`revival_candidates`) and
+    their α history on this engine. The swap section need not be on: a K policy that chose K = 0 under load
+    must be able to come back."""
+    if not everyone:
+        return ctx
+    return replace(
+        ctx,
+        candidates=tuple(everyone),
+        history=measured_history(store, keys, now, settings.history_s, everyone, same_draft, memory.history),
+        shadow=shadow_evidence(store, now - timedelta(seconds=settings.history_s), [c.name for c in everyone]),
+        failed_candidates=frozenset(c.name for c in everyone if any(same_draft(f, c) for f in failed)),
+    )
+
+
+def last_speculative(
+    store: Store, keys: Sequence[EngineKey], now: datetime, horizon_s: float
+) -> SpecConfig | None:
+    """The newest speculative config (K ≥ 1) that ran on the engine within ``horizon_s``; None if none."""
+    if not keys:
+        return None
+    since = now - timedelta(seconds=horizon_s)
+    for stored in reversed(store.configs(keys[0], since=since, until=now + timedelta(microseconds=1))):
+        if stored.config.spec.speculates:
+            return stored.config.spec
+    return None
 
 
 def floored_out(

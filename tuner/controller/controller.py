@@ -226,7 +226,11 @@ class Controller:
             predicted_gain=outcome.predicted_gain,
             predicted_gain_ci=outcome.predicted_gain_ci,
             # the evidence rail counts drafts as independent trials only up to the windows' over-dispersion
-            drafts=int(ctx.spec.drafts / ctx.alpha.dispersion),
+            drafts=(
+                int(ctx.spec.drafts / ctx.alpha.dispersion)
+                if outcome.evidence_drafts is None
+                else outcome.evidence_drafts
+            ),
             evidence_s=ctx.duration_s / max(len(keys), 1),
             needs_restart=self.actuator.needs_restart_for(outcome.target.to_vllm()),
             horizon_s=ctx.regime_remaining_s,

@@ -31,6 +31,7 @@ from policies.draft_choice import (
     DraftTriggerConfig,
     capped_batch,
     choose_draft,
+    choose_enable,
     running_speedup,
     spec_for,
 )
@@ -51,6 +52,7 @@ class PolicyReason(StrEnum):
     SWAP_DRAFT = "swap_draft"  # acceptance stayed low; another candidate is predicted to do better
     FALLBACK_NGRAM = "fallback_ngram"
     DISABLE_SPECULATION = "disable_speculation"  # acceptance stayed low and nothing beats plain decoding
+    ENABLE_SPECULATION = "enable_speculation"  # speculation is off and a draft surely beats plain decoding now
     KEEP = "keep"  # the current config is the best
     NO_SPECULATION = "no_speculation"  # nothing to estimate from (method off / no K)
     NO_DRAFTS = "no_drafts"  # speculation on but no drafts yet (no traffic)
@@ -73,6 +75,9 @@ class PolicyOutcome:
     acceptance_low: str | None = None
     swap_pending: bool = False
     details: dict[str, Any] = field(default_factory=dict)
+    # the α evidence behind the proposal when it is not the running config's (turning speculation back on:
+    # the candidate's measured history), in drafts counted as independent trials
+    evidence_drafts: int | None = None
 
 
 def step_cost_model(ctx: DecisionContext, settings: PolicySettings) -> StepCostModel:
@@ -84,7 +89,10 @@ def step_cost_model(ctx: DecisionContext, settings: PolicySettings) -> StepCostM
 
 def propose(ctx: DecisionContext, settings: PolicySettings) -> PolicyOutcome:
     """spectuner's policy: replace a draft whose acceptance stays low, else tune K (one K, or the
-    per-batch-size table when ``[policy] per_batch_size``)."""
+    per-batch-size table when ``[policy] per_batch_size``); with speculation off, turn it back on when a
+    draft surely beats plain decoding at the load now."""
+    if not ctx.current.speculates:
+        return propose_enable(ctx, settings)
     swap = propose_swap(ctx, settings)
     if swap is not None and (swap.target is not None or swap.swap_pending):
         return swap
@@ -367,6 +375,140 @@ def propose_swap(ctx: DecisionContext, settings: PolicySettings) -> PolicyOutcom
     return PolicyOutcome(reason, decision.message, target, gain, gain_ci, acceptance_low=low, details=details)
 
 
+def propose_enable(ctx: DecisionContext, settings: PolicySettings) -> PolicyOutcome:
+    """Speculation is off (the K policy chose K = 0 under load, a swap found nothing better than plain
+    decoding, or the operator started without it): turn it back on with the candidate whose speedup over
+    plain decoding is surely above 1 at the load now — its α from its measured history on this engine and
+    its prior, K chosen over the load profile as :func:`propose_k` would. The guardrails then ask for
+    ``min_gain``, the evidence behind that α and the restart's payback, as for any change."""
+    allowed = [c for c in ctx.candidates if c.name not in ctx.failed_candidates]
+    if not allowed:
+        return PolicyOutcome(
+            PolicyReason.NO_SPECULATION,
+            "Speculation is off and no draft is known to turn it back on with (none registered, none run "
+            "within the swap history).",
+        )
+    p = settings.policy
+    trigger = settings.swap or DraftTriggerConfig()
+    step_cost = step_cost_model(ctx, settings)
+    batch = _enable_batch(ctx)
+    decision = choose_enable(
+        DraftChoiceSnapshot(
+            now=ctx.now,
+            current=None,
+            current_k=0,
+            windows=(),
+            candidates=allowed,
+            history=with_shadow(ctx.history, ctx.shadow),
+            batch_size=batch,
+            k_max=p.k_max,
+            step_cost=step_cost,
+            target_params=p.target_params,
+            memory=settings.memory,
+            config=trigger,
+            demand=ctx.mean_demand,
+            kv=ctx.kv_capacity,
+        )
+    )
+    details = _draft_details(decision, trigger)
+    details["batch_size"] = batch
+    chosen = decision.candidate
+    score = next((r for r in decision.ranking if chosen is not None and r.name == chosen.name), None)
+    if chosen is None or score is None:
+        return PolicyOutcome(PolicyReason.NO_SPECULATION, decision.message, details=details)
+    k, gain, gain_ci = decision.k, decision.predicted_speedup, decision.predicted_speedup_ci
+    table: tuple[KRow, ...] | None = None
+    message = decision.message
+    if p.per_batch_size:
+        table, k = _table_for(chosen, ctx, settings, decision.ranking)
+    elif ctx.load_profile:
+        over = _k_over_load(chosen, score, ctx, settings, step_cost, batch)
+        if over is not None:
+            k_over, gain, gain_ci, text = over
+            if text.startswith("Over the load") or k_over != k:
+                message = f"{message} {text}"
+            k = k_over
+    if k <= 0 or gain_ci[0] <= 1.0:
+        return PolicyOutcome(PolicyReason.NO_SPECULATION, f"{message} Over the load seen, it does not pay.")
+    strength = trigger.prior_strength_trials if chosen.prior_strength_trials is None else chosen.prior_strength_trials
+    measured = ctx.history.get(chosen.name)
+    shadow = ctx.shadow.get(chosen.name)
+    trials = (measured.trials if measured else 0.0) + (shadow.trials if shadow else 0.0)
+    # an operator's or the fleet's prior strength is evidence they vouch for; the default prior is not
+    vouched = strength if chosen.prior_strength_trials is not None else 0.0
+    details["candidate"] = chosen.name
+    if trials == 0 and vouched == 0:
+        message += (
+            f" (α from its configured prior alone: the evidence rail wants measured drafts, or a "
+            f"prior_strength_trials on {chosen.name} that vouches for the prior)"
+        )
+    return PolicyOutcome(
+        PolicyReason.ENABLE_SPECULATION,
+        message,
+        spec_for(chosen, k, table),
+        gain,
+        gain_ci,
+        details=details,
+        evidence_drafts=int(trials + vouched),
+    )
+
+
+def _enable_batch(ctx: DecisionContext) -> int:
+    """The batch a draft turned back on would run: the mean demand of the load window (the current load
+    regime once it is sustained), else the mean batch of the evidence window."""
+    if ctx.load_profile:
+        seconds = sum(s for s, _ in ctx.load_profile)
+        if seconds > 0:
+            return max(1, round(sum(s * b for s, b in ctx.load_profile) / seconds))
+    return max(1, round(ctx.mean_demand or ctx.mean_batch_size or 1.0))
+
+
+def _k_over_load(
+    candidate: DraftCandidate,
+    score: CandidateScore,
+    ctx: DecisionContext,
+    settings: PolicySettings,
+    step_cost: StepCostModel,
+    batch: int,
+) -> tuple[int, float, tuple[float, float], str] | None:
+    """(K, speedup, interval, message) of ``candidate`` over the load profile, as :func:`propose_k` would
+    choose K for it once running (its cost ``cost_ratio`` × the target's; memory caps per K)."""
+    p = settings.policy
+    ratio = candidate.cost_ratio_for(p.target_params)
+    if ratio is None:
+        return None
+    model = StepCostModel(
+        fixed_s=step_cost.fixed_s,
+        per_token_s=step_cost.per_token_s,
+        draft_fixed_s=ratio * step_cost.fixed_s,
+        draft_per_seq_s=ratio * step_cost.per_token_s,
+    )
+    lo, hi = score.alpha_ci
+    alpha = ConstantAlphaModel(score.alpha, min(lo, score.alpha), max(hi, score.alpha))
+    kv = ctx.kv_capacity
+    caps = (
+        tuple(kv.max_batch(None if k == 0 else candidate.footprint(), k) for k in range(p.k_max + 1))
+        if kv is not None and ctx.mean_demand is not None
+        else None
+    )
+    decision = choose_k(
+        KChoiceSnapshot(
+            now=ctx.now,
+            acceptance=alpha,
+            step_cost=model,
+            batch_size=batch,
+            k_max=p.k_max,
+            current_k=0,
+            confidence=p.confidence,
+            batch_caps=caps,
+        )
+    )
+    decision, _ = choose_k_over_load(decision, alpha, model, ctx.load_profile, 0, batch_caps=caps)
+    if decision.gain_vs_current is None or decision.gain_vs_current_ci is None:
+        return None
+    return decision.k, decision.gain_vs_current, decision.gain_vs_current_ci, decision.message
+
+
 def _draft_details(decision: DraftDecision, swap: DraftTriggerConfig) -> dict[str, Any]:
     """What the audit row keeps of a draft decision: the trigger's reading and the ranking."""
     trigger = decision.trigger
@@ -456,4 +598,13 @@ def _table_for(
     return table.rows, p.k_max
 
 
-__all__ = ["PolicyOutcome", "PolicyReason", "alpha_model", "propose", "propose_k", "propose_k_table", "step_cost_model"]
+__all__ = [
+    "PolicyOutcome",
+    "PolicyReason",
+    "alpha_model",
+    "propose",
+    "propose_enable",
+    "propose_k",
+    "propose_k_table",
+    "step_cost_model",
+]

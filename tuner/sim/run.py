@@ -526,10 +526,14 @@ class ChangeJudgement:
     first_response_s: float | None  # first warranted change at or after the scenario's change_at_s
 
 
+_BEYOND_END_S = 3600.0  # how far past the run's end the last change's payback is judged
+
+
 def judge_changes(engine: SimEngine, run: PolicyRun, downtime_s: float) -> ChangeJudgement:
     """Each change of ``run`` against the truth: a false alarm is a change to a config that was not
     better when it was made; an unpaid restart is one whose expected extra tokens until the next change
-    (or the end) fell short of the tokens its serving gap lost — a transient shorter than its payback."""
+    (for the last change: the end, or an hour after it on the world continued) fell short of the tokens its
+    serving gap lost — a transient shorter than its payback."""
     s = engine.scenario
     unwarranted = unpaid = 0
     first: float | None = None
@@ -545,7 +549,9 @@ def judge_changes(engine: SimEngine, run: PolicyRun, downtime_s: float) -> Chang
         elif s.change_at_s is not None and at >= s.change_at_s and first is None:
             first = at - s.change_at_s
         next_gap = 0.0 if i + 1 < len(run.configs) and live_change(engine, new, run.configs[i + 1][1]) else downtime_s
-        end = run.configs[i + 1][0] - next_gap if i + 1 < len(run.configs) else s.duration_s
+        # the last change's payback may run past the run's end: the world model continues (its last phase,
+        # the diurnal cycle) for up to an hour, so a change made minutes before the end is not unpaid by fiat
+        end = run.configs[i + 1][0] - next_gap if i + 1 < len(run.configs) else max(s.duration_s, t + _BEYOND_END_S)
         grid = np.arange(t, max(end, t + dt), dt) + dt / 2
         won = float(np.sum(engine.expected_goodput(new, grid) - engine.expected_goodput(old, grid)) * dt)
         lost = float(engine.expected_goodput(old, at)) * gap

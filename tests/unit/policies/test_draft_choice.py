@@ -23,6 +23,7 @@ from policies.draft_choice import (
     capped_batch,
     check_trigger,
     choose_draft,
+    choose_enable,
 )
 from policies.memory import KvCapacity, MemoryBudget
 from policies.step_cost import StepCostModel
@@ -298,3 +299,38 @@ def test_candidates_are_ranked_at_the_batch_their_memory_lets_them_run() -> None
     assert "batch 21 (memory cap" in one_b.message and one_b.speedup_ci[0] > peak.current.speedup_ci[1]
     # at the trough nothing waits: every draft runs all 8 sequences and the 8B's α wins
     assert _memory_choice(8.0).reason is DraftReason.KEEP_NOT_TRIGGERED
+
+
+# -- turning speculation back on ---------------------------------------------------------------------
+
+# a target whose verification gets expensive with batch (8B on one GPU: 7 ms + 23 µs per scored token)
+TARGET_8B = StepCostModel.from_cost_ratio(0.0, 0.007, 0.000023)
+DRAFT_1B = DraftCandidate("1b", "draft_model", "/models/1b", prior_alpha=0.55, cost_ratio=0.2)
+
+
+def off_snapshot(batch: int, history: dict[str, AcceptanceEvidence] | None = None) -> DraftChoiceSnapshot:
+    return snapshot([], current=None, current_k=0, candidates=(DRAFT_1B,), history=history or {},
+                    batch_size=batch, step_cost=TARGET_8B)  # fmt: skip
+
+
+def test_speculation_comes_back_on_at_a_batch_where_a_draft_surely_pays() -> None:
+    measured = {"1b": AcceptanceEvidence(successes=55_000, failures=45_000)}
+    decision = choose_enable(off_snapshot(8, measured))
+    assert decision.reason is DraftReason.ENABLE_SPECULATION and decision.candidate is DRAFT_1B
+    assert decision.k >= 1 and decision.predicted_speedup_ci[0] > 1.0
+    assert "turning it back on" in decision.message and "batch 8" in decision.message
+
+
+def test_speculation_stays_off_where_every_k_loses_to_plain_decoding() -> None:
+    measured = {"1b": AcceptanceEvidence(successes=55_000, failures=45_000)}
+    decision = choose_enable(off_snapshot(256, measured))
+    assert decision.reason is DraftReason.KEEP_OFF and decision.candidate is None and decision.k == 0
+    assert "stays off at batch 256: no K pays" in decision.message and "does not pay" in decision.message
+
+
+def test_a_prior_alone_with_a_wide_interval_does_not_turn_speculation_on() -> None:
+    # α ≈ 0.55 worth 200 pseudo-tokens: the interval reaches where K = 1 loses at batch 64
+    unsure = replace(DRAFT_1B, prior_alpha=0.5)
+    snap = replace(off_snapshot(64), candidates=(unsure,), config=replace(CONFIG, prior_strength_trials=20.0))
+    decision = choose_enable(snap)
+    assert decision.reason is DraftReason.KEEP_OFF, decision.message

@@ -103,6 +103,35 @@ def test_a_sustained_load_rise_is_followed_within_minutes_not_once_the_load_hori
     assert judged.unpaid == 0
 
 
+@pytest.mark.parametrize("candidates", [[], ["llama-1b"]], ids=["k_only", "registered"])
+def test_speculation_turned_off_by_a_busy_spell_comes_back_on_when_it_ends(candidates: list[str]) -> None:
+    """gpu_batch_surge shortened: an hour of chat at 8 requests (the 1B draft pays ~1.3×), an hour of a batch
+    job at 256 (every K loses: K = 0, speculation off), an hour of chat again. The K policy turned speculation
+    off and nothing turned it back on: the last hour ran 21 % below the config it had left. Now it comes back
+    within minutes of the load falling (the load regime, two hysteresis ticks, the restart), with the last
+    config it ran (K control only) or a registered candidate."""
+    phases = [{"name": "chat", "duration_s": 3600, "concurrency": 8}, {"name": "batch job", "duration_s": 3600,
+              "concurrency": 256}, {"name": "chat again", "duration_s": 3600, "concurrency": 8}]  # fmt: skip
+    scenario = bench_scenario(
+        "gpu_batch_surge",
+        duration_s=10800,
+        change_at_s=3600,
+        load={"phases": phases},
+        controller={"candidates": candidates},
+    )
+    engine = SimEngine(scenario)
+    with StoreFactory() as stores:
+        run = simulate(scenario, engine, "spectuner", start_config(scenario), stores=stores)
+    off = [t for t, cfg in run.configs if cfg.off]
+    on_again = [t for t, cfg in run.configs if not cfg.off and t > 7200]
+    assert off and 3600 < off[0] < 7200, run.timeline
+    assert on_again and on_again[0] - 7200 <= 900, run.timeline
+    assert run.configs[-1][1].draft == "llama-1b"
+    assert judge_changes(engine, run, scenario.engine.restart_downtime_s).unpaid == 0
+    chat, again = run.phases["chat"], run.phases["chat again"]
+    assert again >= 0.9 * chat, run.phases  # less the minutes it took to come back, the phase runs as the first
+
+
 def test_degrading_draft_is_detected_within_two_minutes_at_10_requests_per_s() -> None:
     # The 8B draft goes bad after 30 min instead of 2 h (same drop, shorter run); the swap candidates are on.
     data = tomllib.loads((SCENARIOS / "gpu_degrading.toml").read_text())
