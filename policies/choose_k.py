@@ -279,11 +279,16 @@ def choose_k_over_load(
     failed_ks: frozenset[int] = frozenset(),
     ceiling: int | None = None,
     batch_caps: tuple[int, ...] | None = None,
+    per_token_assumed: bool = False,
 ) -> tuple[KDecision, tuple[tuple[float, float], ...]]:
     """:func:`choose_k`'s decision, re-ranked for what the controller can apply: every K is scored over
     the load profile when the load varied (one K must serve all of it, weighted by time; else at the
     decision's batch size), Ks in ``failed_ks`` and Ks at or above ``ceiling`` (except the current K)
-    are left out; ``batch_caps`` (per K, as :class:`KChoiceSnapshot`'s) cap each bin's demand. Returns the
+    are left out; ``batch_caps`` (per K, as :class:`KChoiceSnapshot`'s) cap each bin's demand. With
+    ``per_token_assumed`` (``StepCostModel.per_token_assumed``: fitted from steps at one K and one batch
+    size, the per-token cost of verification is 0 by assumption) a move up goes at most half-way to the K the
+    model predicts best (at least one step): free verification overrates larger K, and the new K's steps
+    measure it. Returns the
     decision (its gain against ``current_k``) and the load bins it used."""
     bins = load_bins(load_profile)
     if len(bins) >= 2:
@@ -303,25 +308,36 @@ def choose_k_over_load(
         interval = {o.k: o.speedup_ci for o in decision.by_k}
         over = ""
         bins = ()
+    ranked_best = max((o.k for o in decision.by_k if o.fits_memory), key=lambda k: (value[k], -k))
+    step_up_to = current_k + max(1, math.ceil((ranked_best - current_k) / 2)) if per_token_assumed else None
     allowed = [
         o.k
         for o in decision.by_k
-        if o.fits_memory and (ceiling is None or o.k < ceiling or o.k == current_k) and o.k not in failed_ks
+        if o.fits_memory
+        and (ceiling is None or o.k < ceiling or o.k == current_k)
+        and o.k not in failed_ks
+        and (step_up_to is None or o.k <= max(step_up_to, current_k))
     ]
     best = max(allowed, key=lambda k: (value[k], -k)) if allowed else 0
-    ranked_best = max((o.k for o in decision.by_k if o.fits_memory), key=lambda k: (value[k], -k))
     if not over and best == decision.k:
         return decision, bins
     speedup = value[best] / value[0] if value[0] > 0 else float("nan")
     message = f"{over}, K = {best} maximises goodput: {speedup:.2f}× no speculation." if over else ""
     if best != ranked_best:
-        why = (
-            f"K = {ranked_best} failed lately"
-            if ranked_best in failed_ks
-            else f"K = {ranked_best} is above K = {ceiling}, which failed lately"
-        )
-        capped = f" (K ≥ {ceiling} is not proposed while that failure is recent)" if ceiling is not None else ""
-        message = f"{why}{capped}; the best other K is {best}. {message}".strip()
+        if ranked_best in failed_ks:
+            why = f"K = {ranked_best} failed lately"
+        elif ceiling is not None and ranked_best >= ceiling:
+            why = (
+                f"K = {ranked_best} is above K = {ceiling}, which failed lately (K ≥ {ceiling} is not proposed "
+                "while that failure is recent)"
+            )
+        else:
+            why = (
+                f"K = {ranked_best} is predicted best with verification taken as free (the steps so far ran one "
+                "K at one batch size, which cannot measure its per-token cost); half-way there, whose steps "
+                "measure it"
+            )
+        message = f"{why}; the best other K is {best}. {message}".strip()
     elif not over:
         message = decision.message
     cur_lo = interval[current_k][0] if current_k in interval else 0.0

@@ -58,6 +58,12 @@ class StepCostModel:
     covariance: tuple[tuple[float, ...], ...] | None = None
     residual_std_s: float | None = None
     draft_pass_at_k0: bool = False
+    # True: a fit whose steps ran one K at one batch size, which cannot tell the per-token cost of
+    # verification from the fixed cost: per_token_s is 0 by assumption. That overrates larger K, so the K
+    # policy moves up at most half-way to the K it predicts best (choose_k_over_load's ``per_token_assumed``)
+    # and the new K's steps measure it. Leviathan's model from a cost ratio assumes the same by configuration
+    # (no steps to measure it: the plugin is not running) and is not flagged.
+    per_token_assumed: bool = False
 
     def __post_init__(self) -> None:
         for name in PARAMETER_NAMES:
@@ -143,6 +149,7 @@ class StepCostModel:
             "covariance": [list(r) for r in self.covariance] if self.covariance is not None else None,
             "residual_std_s": self.residual_std_s,
             "draft_pass_at_k0": self.draft_pass_at_k0,
+            "per_token_assumed": self.per_token_assumed,
         }
 
     @classmethod
@@ -162,11 +169,15 @@ class StepCostModel:
         at_k0 = data.get("draft_pass_at_k0", False)
         if not isinstance(at_k0, bool):
             raise ValueError(f"draft_pass_at_k0 must be true or false but got {at_k0!r}")
+        assumed = data.get("per_token_assumed", False)
+        if not isinstance(assumed, bool):
+            raise ValueError(f"per_token_assumed must be true or false but got {assumed!r}")
         return cls(
             **values,
             covariance=covariance,
             residual_std_s=float(std) if std is not None else None,
             draft_pass_at_k0=at_k0,
+            per_token_assumed=assumed,
         )
 
 
@@ -293,6 +304,7 @@ def fit_step_cost(
         draft_per_seq_s=float(theta[3]),
         covariance=tuple(tuple(float(v) for v in row) for row in cov),
         residual_std_s=math.sqrt(sigma2 / float(np.mean(w))),
+        per_token_assumed=not batch_varied,
     )
     c = model.cost_ratio(1.0)
     c_ci = _cost_ratio_interval(model, cov, confidence)
@@ -398,6 +410,7 @@ def _fit_fixed_ratio(
         draft_per_seq_s=c * p,
         covariance=tuple(tuple(float(v) for v in row) for row in cov),
         residual_std_s=math.sqrt(sigma2 / float(np.mean(w))),
+        per_token_assumed=not per_token_seen,
     )
     where = (
         ""
@@ -520,6 +533,7 @@ class MeasuredStepCost(StepCostModel):
             self.covariance,
             self.residual_std_s,
             self.draft_pass_at_k0,
+            self.per_token_assumed,
         )
 
     def step_time_s(self, batch_size: float, k: int) -> float:
@@ -606,6 +620,7 @@ def with_measured_cells(
         covariance=model.covariance,
         residual_std_s=model.residual_std_s,
         draft_pass_at_k0=model.draft_pass_at_k0,
+        per_token_assumed=model.per_token_assumed,
         cells=cells,
         scale=float(drafting if drafting is not None else overall),
         scale_no_draft=float(plain_steps if plain_steps is not None else overall),

@@ -181,6 +181,7 @@ def propose_k(ctx: DecisionContext, settings: PolicySettings) -> PolicyOutcome:
         failed_ks=frozenset(o.k for o in decision.by_k if ctx.current.with_k(o.k) in failed),
         ceiling=failed_k_ceiling(ctx.failed, ctx.current),
         batch_caps=caps,
+        per_token_assumed=step_cost.per_token_assumed,
     )
     details: dict[str, Any] = {
         "alpha": ctx.alpha.alpha,

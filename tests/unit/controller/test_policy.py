@@ -12,7 +12,7 @@ from policies.acceptance import AcceptanceEvidence
 from policies.counters import SpecCounters
 from policies.draft_choice import DraftCandidate, DraftTriggerConfig
 from policies.spec_config import SpecConfig
-from policies.step_cost import StepCostModel
+from policies.step_cost import StepCostModel, fit_step_cost
 from tests.fakes import iid_counters, make_context
 from tuner.config import PolicySection, StepCostSection
 from tuner.controller.context import DecisionContext
@@ -309,3 +309,20 @@ def test_shadow_evidence_ranks_a_candidate_that_was_never_served() -> None:
     assert propose(ctx, SETTINGS).target.model == "/models/good"  # type: ignore[union-attr]
     out = propose(replace(ctx, shadow=shadow), SETTINGS)
     assert out.target is not None and out.target.model == "/models/medium"
+
+
+def test_propose_k_moves_half_way_while_the_fit_cannot_measure_the_verification_cost() -> None:
+    """gpu_code_rag's first change: every step so far ran K = 3 at batch 16, so the fitted T(B, K) is flat in B
+    (verifying more tokens looks free) and said K = 5 — worse than K = 3 at the true cost, a restart that did
+    not pay (the best is 4). With such a fit a move up goes half-way (at least one step), and the new K's
+    steps then measure the per-token cost."""
+    fitted = fit_step_cost([16], [3], [0.0312], draft_cost_ratio=0.08).model
+    assert fitted is not None and fitted.per_token_assumed
+    ctx = replace(k_evidence(iid(0.75, 3, 20000), 3), step_cost=fitted, mean_batch_size=16.0)
+    settings = PolicySettings(PolicySection(k_max=8, cost_ratio=0.08))
+    out = propose_k(ctx, settings)
+    assert out.reason is PolicyReason.CHANGE_K and out.target == SpecConfig("draft_model", "/d", 4), out.message
+    assert "K = 5 is predicted best with verification taken as free" in out.message and "half-way" in out.message
+    # the same fit with its per-token cost measured moves straight to the model's best K
+    measured = propose_k(replace(ctx, step_cost=replace(fitted, per_token_assumed=False)), settings)
+    assert measured.target == SpecConfig("draft_model", "/d", 5), measured.message

@@ -131,6 +131,9 @@ def test_two_k_at_one_batch_size_measure_the_per_token_cost_given_the_cost_ratio
     # one K at one batch size still cannot tell a per-token cost from a fixed one: flat, as before
     one = fit_step_cost([16], [3], y[:1], draft_cost_ratio=0.08)
     assert one.model is not None and one.model.per_token_s == 0.0 and "flat in B" in one.message
+    # ... and says its per-token cost is assumed (the K policy then moves up only half-way), the pair does not
+    assert one.model.per_token_assumed and not fit.model.per_token_assumed
+    assert not StepCostModel.from_cost_ratio(0.08, 0.025).per_token_assumed  # Leviathan's: by configuration
 
 
 def test_steps_under_another_draft_measure_the_target_after_a_swap() -> None:
@@ -171,6 +174,10 @@ def test_model_round_trips_and_validates() -> None:
     model = StepCostModel.from_cost_ratio(0.05, target_step_s=0.02, per_token_s=0.001)
     assert model.cost_ratio(1) == pytest.approx(0.05) and model.cost_ratio(64) == pytest.approx(0.05)
     assert StepCostModel.from_dict(model.to_dict()) == model
+    assumed = replace(StepCostModel.from_cost_ratio(0.05), per_token_assumed=True)
+    assert StepCostModel.from_dict(assumed.to_dict()) == assumed
+    with pytest.raises(ValueError, match="per_token_assumed must be true or false"):
+        StepCostModel.from_dict({**model.to_dict(), "per_token_assumed": "yes"})
     with pytest.raises(ValueError, match="missing 'per_token_s'"):
         StepCostModel.from_dict({"fixed_s": 1.0})
     with pytest.raises(ValueError, match="finite number ≥ 0"):
