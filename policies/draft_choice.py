@@ -299,6 +299,11 @@ class CandidateScore:
     message: str
     prior: str = ""  # where the prior α came from, e.g. "configured 0.50 worth 200 tokens"
 
+    def alpha_model(self) -> ConstantAlphaModel:
+        """The candidate's α as an acceptance model, its interval widened to contain the point."""
+        lo, hi = self.alpha_ci
+        return ConstantAlphaModel(self.alpha, min(lo, self.alpha), max(hi, self.alpha))
+
 
 class DraftReason(StrEnum):
     KEEP_NOT_TRIGGERED = "keep_not_triggered"
@@ -384,12 +389,7 @@ def _score(
             f"{name}: cost ratio unknown (give cost_ratio or params and the target's params).",
         )
     target = snapshot.step_cost
-    model = StepCostModel(
-        fixed_s=target.fixed_s,
-        per_token_s=target.per_token_s,
-        draft_fixed_s=cost_ratio * target.fixed_s,
-        draft_per_seq_s=cost_ratio * target.per_token_s,
-    )
+    model = target.with_draft_ratio(cost_ratio)
 
     def best_k(batch: int) -> KDecision:
         return choose_k(
@@ -692,18 +692,11 @@ def running_speedup(
     swap's gain is measured against what is in force, not against the running draft at its best K. The
     draft's cost is ``cost_ratio`` × the target's (``target``'s draft terms are not the running draft's);
     ``scale``: :func:`capped_batch`'s, when memory caps the batch."""
-    model = StepCostModel(
-        fixed_s=target.fixed_s,
-        per_token_s=target.per_token_s,
-        draft_fixed_s=cost_ratio * target.fixed_s,
-        draft_per_seq_s=cost_ratio * target.per_token_s,
-    )
-    lo, hi = score.alpha_ci
     option = evaluate_k(
         KChoiceSnapshot(
             now=_EPOCH,  # evaluate_k does not read the time
-            acceptance=ConstantAlphaModel(score.alpha, min(lo, score.alpha), max(hi, score.alpha)),
-            step_cost=model,
+            acceptance=score.alpha_model(),
+            step_cost=target.with_draft_ratio(cost_ratio),
             batch_size=batch_size,
             k_max=max(current_k, 1),
             confidence=confidence,

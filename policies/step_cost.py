@@ -92,6 +92,16 @@ class StepCostModel:
             draft_per_seq_s=cost_ratio * per_token_s,
         )
 
+    def with_draft_ratio(self, cost_ratio: float) -> StepCostModel:
+        """This target's linear model with another draft beside it: the draft's pass ``cost_ratio`` × the
+        target's (a candidate that does not run has no steps of its own)."""
+        return StepCostModel(
+            fixed_s=self.fixed_s,
+            per_token_s=self.per_token_s,
+            draft_fixed_s=cost_ratio * self.fixed_s,
+            draft_per_seq_s=cost_ratio * self.per_token_s,
+        )
+
     @property
     def parameters(self) -> NDArray[np.float64]:
         return np.array([self.fixed_s, self.per_token_s, self.draft_fixed_s, self.draft_per_seq_s])

@@ -9,7 +9,7 @@ measured cells laid over it), else the pinned model, else Leviathan's model from
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
@@ -304,21 +304,11 @@ def propose_swap(ctx: DecisionContext, settings: PolicySettings) -> PolicyOutcom
     batch = _swap_batch(ctx, settings)
     step_cost = step_cost_model(ctx, settings)
     decision = choose_draft(
-        DraftChoiceSnapshot(
-            now=ctx.now,
+        replace(
+            _draft_snapshot(ctx, settings, allowed, batch, step_cost, swap),
             current=running.name,
             current_k=k_now,
             windows=ctx.trigger_windows,
-            candidates=allowed,
-            history=with_shadow(ctx.history, ctx.shadow),
-            batch_size=batch,
-            k_max=p.k_max,
-            step_cost=step_cost,
-            target_params=p.target_params,
-            memory=settings.memory,
-            config=swap,
-            demand=ctx.mean_demand,
-            kv=ctx.kv_capacity,
             not_opportunistic=ctx.floored,
         )
     )
@@ -393,24 +383,7 @@ def propose_enable(ctx: DecisionContext, settings: PolicySettings) -> PolicyOutc
     trigger = settings.swap or DraftTriggerConfig()
     step_cost = step_cost_model(ctx, settings)
     batch = _enable_batch(ctx)
-    decision = choose_enable(
-        DraftChoiceSnapshot(
-            now=ctx.now,
-            current=None,
-            current_k=0,
-            windows=(),
-            candidates=allowed,
-            history=with_shadow(ctx.history, ctx.shadow),
-            batch_size=batch,
-            k_max=p.k_max,
-            step_cost=step_cost,
-            target_params=p.target_params,
-            memory=settings.memory,
-            config=trigger,
-            demand=ctx.mean_demand,
-            kv=ctx.kv_capacity,
-        )
-    )
+    decision = choose_enable(_draft_snapshot(ctx, settings, allowed, batch, step_cost, trigger))
     details = _draft_details(decision, trigger)
     details["batch_size"] = batch
     chosen = decision.candidate
@@ -454,6 +427,34 @@ def propose_enable(ctx: DecisionContext, settings: PolicySettings) -> PolicyOutc
     )
 
 
+def _draft_snapshot(
+    ctx: DecisionContext,
+    settings: PolicySettings,
+    candidates: list[DraftCandidate],
+    batch: int,
+    step_cost: StepCostModel,
+    trigger: DraftTriggerConfig,
+) -> DraftChoiceSnapshot:
+    """What the draft choice reads of the context, with no running draft (a swap sets it with ``replace``)."""
+    p = settings.policy
+    return DraftChoiceSnapshot(
+        now=ctx.now,
+        current=None,
+        current_k=0,
+        windows=(),
+        candidates=candidates,
+        history=with_shadow(ctx.history, ctx.shadow),
+        batch_size=batch,
+        k_max=p.k_max,
+        step_cost=step_cost,
+        target_params=p.target_params,
+        memory=settings.memory,
+        config=trigger,
+        demand=ctx.mean_demand,
+        kv=ctx.kv_capacity,
+    )
+
+
 def _enable_batch(ctx: DecisionContext) -> int:
     """The batch a draft turned back on would run: the mean demand of the load window (the current load
     regime once it is sustained), else the mean batch of the evidence window."""
@@ -478,14 +479,8 @@ def _k_over_load(
     ratio = candidate.cost_ratio_for(p.target_params)
     if ratio is None:
         return None
-    model = StepCostModel(
-        fixed_s=step_cost.fixed_s,
-        per_token_s=step_cost.per_token_s,
-        draft_fixed_s=ratio * step_cost.fixed_s,
-        draft_per_seq_s=ratio * step_cost.per_token_s,
-    )
-    lo, hi = score.alpha_ci
-    alpha = ConstantAlphaModel(score.alpha, min(lo, score.alpha), max(hi, score.alpha))
+    model = step_cost.with_draft_ratio(ratio)
+    alpha = score.alpha_model()
     kv = ctx.kv_capacity
     caps = (
         tuple(kv.max_batch(None if k == 0 else candidate.footprint(), k) for k in range(p.k_max + 1))
