@@ -764,6 +764,33 @@ def test_a_drafts_history_is_its_evidence_since_its_acceptance_last_changed(db_u
     assert fell.successes / fell.trials == pytest.approx(0.3, abs=0.01)
 
 
+def test_a_config_that_started_before_the_history_horizon_still_counts_and_can_be_turned_back_on(db_url: str) -> None:
+    """An engine ran K = 2 for longer than ``history_s`` before speculation went off: its history is read from
+    the horizon's start (not lost because the period started earlier), and it is the config to come back to."""
+    from policies.acceptance import evidence_from_counters
+    from policies.draft_choice import DraftCandidate
+    from tuner.controller.candidates import same_draft
+    from tuner.controller.context import last_speculative
+    from tuner.controller.evidence import measured_history
+
+    good = DraftCandidate("good", "draft_model", "/drafts/good")
+    horizon_s = 1800.0  # stands for the 7 days: the K = 2 period below runs 3600 s before going off
+    with Store(db_url) as store:
+        store.record_config(KEY, config_record(K2, T0, AppliedBy.STARTUP))
+        now = write_windows(store, T0, 360, k=2, rate=100.0, alpha=0.75)
+        store.record_config(KEY, config_record({"method": "off"}, now, AppliedBy.RESTART))
+        now = write_windows(store, now, 30, k=0, rate=120.0)
+        at = now + timedelta(seconds=1)
+        history = measured_history(store, [KEY], at, horizon_s, [good], same_draft)
+        assert last_speculative(store, [KEY], at, horizon_s) == SpecConfig.from_vllm(K2)
+        assert last_speculative(store, [KEY], at, 100.0) is None  # off for 300 s: nothing within 100 s
+    # the windows of the last 1800 s before `at` that ran K = 2: ~150 of its 360 (the rest are older; the
+    # window ending on the period's end is left out, as for any ended period)
+    per_window = evidence_from_counters(iid(0.75, 2, 200)).evidence
+    assert per_window is not None
+    assert history["good"].trials == pytest.approx(150 * per_window.trials, abs=per_window.trials)
+
+
 @pytest.mark.parametrize("true_gain,verdict", [(1.0, ("verified", "no_worse")), (0.7, ("rolled_back", "regressed"))])
 def test_harder_prompts_after_a_k_change_are_not_taken_for_its_regression(
     world: tuple[Store, FakeClock, FakeActuator], true_gain: float, verdict: tuple[str, str]

@@ -332,11 +332,12 @@ def _with_revival(
 def last_speculative(
     store: Store, keys: Sequence[EngineKey], now: datetime, horizon_s: float
 ) -> SpecConfig | None:
-    """The newest speculative config (K ≥ 1) that ran on the engine within ``horizon_s``; None if none."""
+    """The newest speculative config (K ≥ 1) in force on the engine within ``horizon_s`` (it may have started
+    earlier); None if none."""
     if not keys:
         return None
     since = now - timedelta(seconds=horizon_s)
-    for stored in reversed(store.configs(keys[0], since=since, until=now + timedelta(microseconds=1))):
+    for stored in reversed(store.configs_in_force(keys[0], since, now)):
         if stored.config.spec.speculates:
             return stored.config.spec
     return None

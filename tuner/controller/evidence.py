@@ -168,12 +168,14 @@ def measured_history(
     if not keys:
         return {}
     since = now - timedelta(seconds=horizon_s)
-    for stored in store.configs(keys[0], since=since, until=now + timedelta(microseconds=1)):
+    # every period in force within the horizon, also one that started before it (a config that ran for
+    # weeks), read from the horizon's start
+    for stored in store.configs_in_force(keys[0], since, now):
         spec = stored.config.spec
         owners = [c for c in candidates if matches(spec, c)]
         if not owners:
             continue
-        total = _cached_period_evidence(store, keys, stored, now, cache)
+        total = _cached_period_evidence(store, keys, stored, now, cache, since)
         if total.trials == 0:
             continue
         for c in owners:
@@ -193,18 +195,25 @@ def evidence_before_end(
 
 
 def _cached_period_evidence(
-    store: Store, keys: Sequence[EngineKey], stored: StoredConfig, now: datetime, cache: HistoryCache | None
+    store: Store,
+    keys: Sequence[EngineKey],
+    stored: StoredConfig,
+    now: datetime,
+    cache: HistoryCache | None,
+    since: datetime | None = None,
 ) -> PeriodEvidence:
+    """The period's α evidence from its start, or from ``since`` when it started earlier."""
+    start = stored.config.started_at if since is None else max(stored.config.started_at, since)
     if cache is None:
-        return _period_evidence(store, keys, stored, stored.config.started_at, stored.config.ended_at or now)
+        return _period_evidence(store, keys, stored, start, stored.config.ended_at or now)
     if stored.id in cache.ended:
         return cache.ended[stored.id]
     if stored.config.ended_at is not None:
         cache.running.pop(stored.id, None)
-        total = _period_evidence(store, keys, stored, stored.config.started_at, stored.config.ended_at)
+        total = _period_evidence(store, keys, stored, start, stored.config.ended_at)
         cache.ended[stored.id] = total
         return total
-    settled, read_until = cache.running.get(stored.id, (PeriodEvidence(), stored.config.started_at))
+    settled, read_until = cache.running.get(stored.id, (PeriodEvidence(), start))
     settle_until = max(read_until, now - timedelta(seconds=HistoryCache.SETTLE_S))
     settled = settled + _period_evidence(store, keys, stored, read_until, settle_until)
     cache.running[stored.id] = (settled, settle_until)
