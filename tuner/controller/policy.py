@@ -404,12 +404,11 @@ def propose_enable(ctx: DecisionContext, settings: PolicySettings) -> PolicyOutc
             k = k_over
     if k <= 0 or gain_ci[0] <= 1.0:
         return PolicyOutcome(PolicyReason.NO_SPECULATION, f"{message} Over the load seen, it does not pay.")
-    strength = trigger.prior_strength_trials if chosen.prior_strength_trials is None else chosen.prior_strength_trials
     measured = ctx.history.get(chosen.name)
     shadow = ctx.shadow.get(chosen.name)
     trials = (measured.trials if measured else 0.0) + (shadow.trials if shadow else 0.0)
     # an operator's or the fleet's prior strength is evidence they vouch for; the default prior is not
-    vouched = strength if chosen.prior_strength_trials is not None else 0.0
+    vouched = chosen.prior_strength_trials or 0.0
     details["candidate"] = chosen.name
     if trials == 0 and vouched == 0:
         message += (
