@@ -7,7 +7,8 @@ expected goodput (no sampling noise), three figures against the dynamic oracle:
 
 - the best fixed config (the oracle of ``ratio_to_oracle``);
 - the best schedule of restarts in hindsight: a dynamic programme over the windows in which a switch
-  costs the new config's goodput for the downtime — perfect foresight, but paying for every restart;
+  costs the new config's goodput for the downtime — perfect foresight, but paying for every restart (a K
+  change the engine takes live, ``[engine] live_k_max``, is free, as the simulator's actuator takes it);
 - the same schedule with every switch made ``delay`` seconds late: what a policy that follows each
   change ``delay`` s after it happened (detection, confirmation, hysteresis) could reach with perfect
   config choices. With ``--delay`` repeated, one figure per delay.
@@ -23,6 +24,7 @@ import argparse
 import json
 import sys
 from datetime import UTC, datetime
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +34,7 @@ from numpy.typing import NDArray
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from tuner.sim.actuator import live_change  # noqa: E402
 from tuner.sim.engine import SimEngine  # noqa: E402
 from tuner.sim.run import _grid, dynamic_oracle_tokens, start_config  # noqa: E402
 from tuner.sim.scenario import load_scenario  # noqa: E402
@@ -43,11 +46,17 @@ DEFAULT_DELAYS_S = (360.0, 660.0)
 
 
 def restart_schedule(
-    goodput: NDArray[np.float64], length: NDArray[np.float64], start: int, down_windows: int
+    goodput: NDArray[np.float64],
+    length: NDArray[np.float64],
+    start: int,
+    down_windows: int,
+    live: NDArray[np.bool_] | None = None,
 ) -> list[int]:
     """The config index per window of the hindsight-best restart schedule (switching at window i loses what
-    the new config would serve in windows i .. i + ``down_windows`` − 1): Viterbi over configs × windows."""
+    the new config would serve in windows i .. i + ``down_windows`` − 1, unless ``live[old, new]``: the
+    engine takes that change between steps, for free): Viterbi over configs × windows."""
     m, n = goodput.shape
+    live = np.zeros((m, m), dtype=bool) if live is None else live
     tokens = goodput * length
     ahead = np.concatenate([np.zeros((m, 1)), np.cumsum(tokens, axis=1)], axis=1)
     value = np.full(m, -np.inf)
@@ -58,8 +67,13 @@ def restart_schedule(
         stay = value + tokens[:, i]
         lost = ahead[:, min(i + down_windows, n)] - ahead[:, i]
         switch = value[best_prev] - lost + tokens[:, i]
-        came_from[i] = np.where(switch > stay, best_prev, np.arange(m))
-        value = np.maximum(stay, switch)
+        free_from = np.where(live, value[:, None], -np.inf)  # [old, new]
+        free_prev = np.argmax(free_from, axis=0)
+        free = free_from[free_prev, np.arange(m)] + tokens[:, i]
+        options = np.stack([stay, switch, free])
+        pick = np.argmax(options, axis=0)
+        came_from[i] = np.choose(pick, [np.arange(m), np.full(m, best_prev), free_prev])
+        value = options.max(axis=0)
     path = [int(np.argmax(value))]
     for i in range(n - 1, 0, -1):
         path.append(int(came_from[i, path[-1]]))
@@ -73,14 +87,17 @@ def served_tokens(
     start: int,
     delay_windows: int,
     down_windows: int,
+    live: NDArray[np.bool_] | None = None,
 ) -> float:
-    """Tokens of ``schedule`` with every switch ``delay_windows`` late and ``down_windows`` of downtime after it."""
+    """Tokens of ``schedule`` with every switch ``delay_windows`` late and ``down_windows`` of downtime after
+    each one the engine cannot take live."""
     n = goodput.shape[1]
     wanted = np.array(schedule)
     late = np.concatenate([np.full(delay_windows, start), wanted[: n - delay_windows]]) if delay_windows else wanted
     serving = np.ones(n, dtype=bool)
     for i in np.flatnonzero(np.diff(late)) + 1:
-        serving[i : i + down_windows] = False
+        if live is None or not live[late[i - 1], late[i]]:
+            serving[i : i + down_windows] = False
     return float(np.sum(goodput[late, np.arange(n)] * length * serving))
 
 
@@ -97,15 +114,20 @@ def ceilings(name: str, delays_s: list[float]) -> dict[str, Any]:
     dynamic = dynamic_oracle_tokens(engine, configs)
     fixed = float((goodput * length).sum(axis=1).max())
     down = round(downtime_s / dt)
-    schedule = restart_schedule(goodput, length, start, down)
+    live = np.array(
+        [[i != j and live_change(engine, a, b) for j, b in enumerate(configs)] for i, a in enumerate(configs)]
+    )
+    schedule = restart_schedule(goodput, length, start, down, live)
+    switches = [(a, b) for a, b in pairwise(schedule) if a != b]
     return {
         "scenario": name,
         "dynamic_oracle_goodput": round(dynamic / scenario.duration_s, 3),
         "best_fixed": round(fixed / dynamic, 4),
-        "hindsight_schedule": round(served_tokens(goodput, length, schedule, start, 0, down) / dynamic, 4),
-        "restarts_in_hindsight_schedule": int(np.count_nonzero(np.diff(schedule))),
+        "hindsight_schedule": round(served_tokens(goodput, length, schedule, start, 0, down, live) / dynamic, 4),
+        "restarts_in_hindsight_schedule": sum(1 for a, b in switches if not live[a, b]),
+        "live_changes_in_hindsight_schedule": sum(1 for a, b in switches if live[a, b]),
         "delayed_schedule": {
-            f"{d:g}": round(served_tokens(goodput, length, schedule, start, round(d / dt), down) / dynamic, 4)
+            f"{d:g}": round(served_tokens(goodput, length, schedule, start, round(d / dt), down, live) / dynamic, 4)
             for d in delays_s
         },
     }
@@ -113,10 +135,10 @@ def ceilings(name: str, delays_s: list[float]) -> dict[str, Any]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    ap.add_argument("--scenario", action="append", help="scenario file stem (default: every gpu_* scenario)")
+    ap.add_argument("--scenario", action="append", help="scenario file stem (default: every scenario)")
     ap.add_argument("--delay", action="append", type=float, help="seconds each switch comes late (repeatable)")
     args = ap.parse_args()
-    names = args.scenario or sorted(p.stem for p in SCENARIOS.glob("gpu_*.toml"))
+    names = args.scenario or sorted(p.stem for p in SCENARIOS.glob("*.toml"))
     delays = args.delay or list(DEFAULT_DELAYS_S)
     rows = [ceilings(n, delays) for n in names]
     print(

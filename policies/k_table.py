@@ -153,6 +153,37 @@ class TableGain:
     interval: tuple[float, float]
 
 
+def _table_tokens(
+    now: datetime,
+    acceptance: AcceptanceModel,
+    step_cost: StepCostModel,
+    tables: Sequence[Sequence[KRow]],
+    profile: Sequence[tuple[float, float]],
+    max_batch_size: int,
+    k_engine: int,
+    confidence: float,
+) -> list[tuple[float, float, float]]:
+    """Per table: Σ seconds · speedup over ``profile`` and the same at the ends of each window's interval."""
+    sums = [[0.0, 0.0, 0.0] for _ in tables]
+    for dur, running in profile:
+        b = min(max(1, round(running)), max_batch_size)
+        snap = KChoiceSnapshot(
+            now=now,
+            acceptance=acceptance,
+            step_cost=step_cost,
+            batch_size=b,
+            k_max=k_engine,
+            confidence=confidence,
+            k0_is_off=False,
+        )
+        for acc, rows in zip(sums, tables, strict=True):
+            o = evaluate_k(snap, k_at(rows, b))
+            acc[0] += dur * o.speedup
+            acc[1] += dur * o.speedup_ci[0]
+            acc[2] += dur * o.speedup_ci[1]
+    return [(t, lo, hi) for t, lo, hi in sums]
+
+
 def table_gain_over_load(
     now: datetime,
     acceptance: AcceptanceModel,
@@ -167,24 +198,31 @@ def table_gain_over_load(
     """Σ seconds · speedup(K of each table at the window's batch size) over ``profile`` ((seconds, requests
     running) per window), new over old. Both tables keep the draft loaded (a row's K = 0 still pays a draft
     model's pass when ``step_cost`` says so). None when the profile holds nothing to judge on."""
-    new_tokens = old_tokens = 0.0
-    new_lo = new_hi = old_lo = old_hi = 0.0
-    for dur, running in profile:
-        b = min(max(1, round(running)), max_batch_size)
-        snap = KChoiceSnapshot(
-            now=now,
-            acceptance=acceptance,
-            step_cost=step_cost,
-            batch_size=b,
-            k_max=k_engine,
-            confidence=confidence,
-            k0_is_off=False,
-        )
-        new, old = evaluate_k(snap, k_at(new_rows, b)), evaluate_k(snap, k_at(old_rows, b))
-        new_tokens += dur * new.speedup
-        old_tokens += dur * old.speedup
-        new_lo, new_hi = new_lo + dur * new.speedup_ci[0], new_hi + dur * new.speedup_ci[1]
-        old_lo, old_hi = old_lo + dur * old.speedup_ci[0], old_hi + dur * old.speedup_ci[1]
-    if old_tokens <= 0 or old_lo <= 0:
+    (new, new_lo, new_hi), (old, old_lo, old_hi) = _table_tokens(
+        now, acceptance, step_cost, (new_rows, old_rows), profile, max_batch_size, k_engine, confidence
+    )
+    if old <= 0 or old_lo <= 0:
         return None
-    return TableGain(new_tokens / old_tokens, (new_lo / old_hi, new_hi / old_lo))
+    return TableGain(new / old, (new_lo / old_hi, new_hi / old_lo))
+
+
+def off_gain_over_load(
+    now: datetime,
+    acceptance: AcceptanceModel,
+    step_cost: StepCostModel,
+    rows: Sequence[KRow],
+    profile: Sequence[tuple[float, float]],
+    max_batch_size: int,
+    k_engine: int,
+    confidence: float = 0.95,
+) -> TableGain | None:
+    """An engine without the draft (speculation off: speedup 1 by definition) over the table ``rows`` on
+    ``profile``: what dropping the draft wins where even the table's K = 0 rows pay its pass, and its
+    K = 1 rows verify twice the tokens. None when the profile holds nothing to judge on."""
+    seconds = sum(dur for dur, _ in profile)
+    ((table, lo, hi),) = _table_tokens(
+        now, acceptance, step_cost, (rows,), profile, max_batch_size, k_engine, confidence
+    )
+    if seconds <= 0 or table <= 0 or lo <= 0:
+        return None
+    return TableGain(seconds / table, (seconds / hi, seconds / lo))

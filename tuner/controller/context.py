@@ -257,8 +257,8 @@ def build_context(
     ctx = measure(store, keys, stored, now, p.evidence_window_s, p.confidence, settings.controller.decide_interval_s)
     running, everyone = current_candidate(ctx.current, configured, p.cost_ratio)
     ctx, memory = _with_regimes(ctx, settings, memory)
-    if not p.per_batch_size:
-        ctx, memory = _with_load(ctx, store, settings, memory)
+    # one K, speculation off under a table, or back on: each serves whatever load comes
+    ctx, memory = _with_load(ctx, store, settings, memory)
     ctx = replace(ctx, running=running, failed=tuple(failed))
     ctx = replace(ctx, kv_capacity=kv_capacity(ctx, cache_config(store, keys), settings.policy))
     if not ctx.current.speculates:

@@ -234,6 +234,7 @@ class Controller:
             evidence_s=ctx.duration_s / max(len(keys), 1),
             needs_restart=self.actuator.needs_restart_for(outcome.target.to_vllm()),
             horizon_s=ctx.regime_remaining_s,
+            restarts=outcome.restarts,
         )
         rails = self.settings.guardrails
         cost_s = self.switching_cost_s(outcome.target, now)

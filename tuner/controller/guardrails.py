@@ -70,6 +70,9 @@ class Proposal:
     extra: dict[str, float] = field(default_factory=dict)
     # expected remaining length of the regime the change answers (policies.regime); None: unknown
     horizon_s: float | None = None
+    # restarts the change commits to within that regime: 2 when it serves only the load now and leaves a
+    # config that serves every load (dropping a per-batch-size table's draft), so the way back is another
+    restarts: int = 1
 
 
 def next_streak(state: ControllerState, target: str | None) -> tuple[str | None, int]:
@@ -186,7 +189,7 @@ def payback_s(predicted_gain: float, downtime_s: float) -> float:
 def check_switching_cost(s: GuardrailsSection, st: ControllerState, p: Proposal, now: datetime) -> Block | None:
     if not p.needs_restart:
         return None
-    needed_s = payback_s(p.predicted_gain, s.restart_downtime_s)
+    needed_s = payback_s(p.predicted_gain, s.restart_downtime_s * p.restarts)
     horizon_s = s.payback_horizon_s if p.horizon_s is None else min(s.payback_horizon_s, p.horizon_s)
     if needed_s > horizon_s:
         what = (
@@ -194,10 +197,11 @@ def check_switching_cost(s: GuardrailsSection, st: ControllerState, p: Proposal,
             if horizon_s < s.payback_horizon_s
             else "the payback horizon"
         )
+        restarts = "A restart costs" if p.restarts == 1 else f"{p.restarts} restarts (there and back) cost"
         return Block(
             BlockReason.SWITCHING_COST,
-            f"A restart costs ~{s.restart_downtime_s:.0f} s of serving; at {p.predicted_gain:.3f}× it takes "
-            f"{needed_s:.0f} s to repay, longer than {what} ({horizon_s:.0f} s).",
+            f"{restarts} ~{s.restart_downtime_s * p.restarts:.0f} s of serving; at {p.predicted_gain:.3f}× it "
+            f"takes {needed_s:.0f} s to repay, longer than {what} ({horizon_s:.0f} s).",
         )
     return None
 

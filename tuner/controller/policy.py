@@ -16,6 +16,7 @@ from typing import Any
 from policies.acceptance import AlphaEstimate
 from policies.acceptance_model import (
     AcceptanceChoice,
+    AcceptanceModel,
     ConstantAlphaModel,
     ModelChoice,
     choose_acceptance_model,
@@ -35,7 +36,7 @@ from policies.draft_choice import (
     running_speedup,
     spec_for,
 )
-from policies.k_table import KTableSnapshot, k_table, table_gain_over_load
+from policies.k_table import KTableSnapshot, k_table, off_gain_over_load, table_gain_over_load
 from policies.memory import DraftFootprint
 from policies.shadow_replay import with_shadow
 from policies.spec_config import OFF, KRow, SpecConfig, method_drafts_at_k0
@@ -52,6 +53,7 @@ class PolicyReason(StrEnum):
     SWAP_DRAFT = "swap_draft"  # acceptance stayed low; another candidate is predicted to do better
     FALLBACK_NGRAM = "fallback_ngram"
     DISABLE_SPECULATION = "disable_speculation"  # acceptance stayed low and nothing beats plain decoding
+    DROP_DRAFT = "drop_draft"  # per-batch-size table: over the sustained load, no draft beats every table
     ENABLE_SPECULATION = "enable_speculation"  # speculation is off and a draft surely beats plain decoding now
     KEEP = "keep"  # the current config is the best
     NO_SPECULATION = "no_speculation"  # nothing to estimate from (method off / no K)
@@ -78,6 +80,9 @@ class PolicyOutcome:
     # the α evidence behind the proposal when it is not the running config's (turning speculation back on:
     # the candidate's measured history), in drafts counted as independent trials
     evidence_drafts: int | None = None
+    # restarts the change commits to (guardrails.Proposal.restarts): 2 when leaving a config that serves
+    # every load for one that serves only the load now
+    restarts: int = 1
 
 
 def step_cost_model(ctx: DecisionContext, settings: PolicySettings) -> StepCostModel:
@@ -255,6 +260,9 @@ def propose_k_table(ctx: DecisionContext, settings: PolicySettings) -> PolicyOut
     }
     if choice.choice is not ModelChoice.CONSTANT_ALPHA:
         details["acceptance_model"] = {"choice": choice.choice.value, "message": choice.message}
+    drop = _drop_draft(ctx, settings, model, step_cost, new_rows, old_rows, k_engine, details)
+    if drop is not None:
+        return drop
     if new_rows == old_rows and ctx.current.k_table is not None:
         return PolicyOutcome(
             PolicyReason.KEEP, f"The per-batch-size table is already the best. {table.message}", details=details
@@ -274,6 +282,55 @@ def propose_k_table(ctx: DecisionContext, settings: PolicySettings) -> PolicyOut
         gain.gain,
         gain.interval,
         details=details,
+    )
+
+
+def _drop_draft(
+    ctx: DecisionContext,
+    settings: PolicySettings,
+    model: AcceptanceModel,
+    step_cost: StepCostModel,
+    new_rows: tuple[KRow, ...],
+    old_rows: tuple[KRow, ...],
+    k_engine: int,
+    details: dict[str, Any],
+) -> PolicyOutcome | None:
+    """Speculation off, when an engine without the draft surely beats the best table over the load that
+    one config must serve (the load window, as :func:`propose_k` judges one K): a table's K = 0 rows still
+    run a draft model's pass and its K = 1 rows verify twice the tokens, so under a sustained full batch
+    only dropping the draft reaches plain decoding. It is a restart: the switching-cost rail weighs it over
+    the load regime's expected remaining length, and :func:`propose_enable` brings the draft back."""
+    p = settings.policy
+    profile = ctx.load_profile or ctx.batch_profile
+    if not profile:
+        return None
+    args = (ctx.now, model, step_cost)
+    over_best = off_gain_over_load(*args, new_rows, profile, p.max_batch_size, k_engine, p.confidence)
+    if over_best is None or over_best.interval[0] <= 1.0:
+        return None
+    over_current = off_gain_over_load(*args, old_rows, profile, p.max_batch_size, k_engine, p.confidence)
+    if over_current is None:
+        return None
+    seconds = sum(s for s, _ in profile)
+    mean = sum(s * b for s, b in profile) / seconds
+    details["drop_draft"] = {
+        "over_best_table": over_best.gain,
+        "over_best_table_ci": list(over_best.interval),
+        "load_s": seconds,
+        "mean_load": mean,
+    }
+    return PolicyOutcome(
+        PolicyReason.DROP_DRAFT,
+        f"{ctx.alpha.message} Drop the draft (speculation off): over the load of the last {seconds:.0f} s "
+        f"(mean {mean:.1f} requests), plain decoding makes {over_best.gain:.2f}× "
+        f"({over_best.interval[0]:.2f}–{over_best.interval[1]:.2f}×) the tokens of the best table, whose "
+        "K = 0 rows still pay the draft's pass.",
+        OFF,
+        over_current.gain,
+        over_current.interval,
+        details=details,
+        # the table served every load; plain decoding serves only this one, and coming back is a restart
+        restarts=2,
     )
 
 
@@ -395,6 +452,10 @@ def propose_enable(ctx: DecisionContext, settings: PolicySettings) -> PolicyOutc
     message = decision.message
     if p.per_batch_size:
         table, k = _table_for(chosen, ctx, settings, decision.ranking)
+        over_table = _table_over_load(chosen, table, ctx, settings, decision.ranking)
+        if over_table is not None:
+            gain, gain_ci = over_table
+            message = f"{message} Its table over the load seen: {gain:.2f}× ({gain_ci[0]:.2f}–{gain_ci[1]:.2f}×)."
     elif ctx.load_profile:
         over = _k_over_load(chosen, score, ctx, settings, step_cost, batch)
         if over is not None:
@@ -567,22 +628,30 @@ def _swap_pending(
     )
 
 
-def _table_for(
+def _table_inputs(
     candidate: DraftCandidate, ctx: DecisionContext, settings: PolicySettings, ranking: tuple[CandidateScore, ...]
-) -> tuple[tuple[KRow, ...], int]:
-    """A per-batch-size table for a candidate about to be swapped in (α from its ranking entry)."""
-    p = settings.policy
+) -> tuple[ConstantAlphaModel, StepCostModel]:
+    """α (from the candidate's ranking entry) and T(B, K) a per-batch-size table for a candidate about to be
+    swapped in or turned on is chosen with: the running draft's cells are not its, and its K = 0 steps run
+    its own draft pass."""
     score = next((r for r in ranking if r.name == candidate.name), None)
     alpha = score.alpha if score is not None else candidate.prior_alpha
     lo, hi = score.alpha_ci if score is not None else (alpha, alpha)
+    step_cost = step_cost_model(ctx, settings).linear().with_draft_pass_at_k0(method_drafts_at_k0(candidate.method))
+    return ConstantAlphaModel(alpha, min(lo, alpha), max(hi, alpha)), step_cost
+
+
+def _table_for(
+    candidate: DraftCandidate, ctx: DecisionContext, settings: PolicySettings, ranking: tuple[CandidateScore, ...]
+) -> tuple[tuple[KRow, ...], int]:
+    """A per-batch-size table for a candidate about to be swapped in or turned on."""
+    p = settings.policy
+    alpha, step_cost = _table_inputs(candidate, ctx, settings, ranking)
     table = k_table(
         KTableSnapshot(
             now=ctx.now,
-            acceptance=ConstantAlphaModel(alpha, min(lo, alpha), max(hi, alpha)),
-            # the running draft's cells are not its; its K = 0 steps run its own draft pass
-            step_cost=step_cost_model(ctx, settings)
-            .linear()
-            .with_draft_pass_at_k0(method_drafts_at_k0(candidate.method)),
+            acceptance=alpha,
+            step_cost=step_cost,
             max_batch_size=p.max_batch_size,
             k_max=p.k_max,
             draft=_footprint(candidate, settings),
@@ -591,6 +660,24 @@ def _table_for(
         )
     )
     return table.rows, p.k_max
+
+
+def _table_over_load(
+    candidate: DraftCandidate,
+    table: tuple[KRow, ...],
+    ctx: DecisionContext,
+    settings: PolicySettings,
+    ranking: tuple[CandidateScore, ...],
+) -> tuple[float, tuple[float, float]] | None:
+    """A table's speedup over plain decoding on the load profile (the load window), with its interval —
+    what :func:`_drop_draft` weighs the other way; None without a profile."""
+    p = settings.policy
+    alpha, step_cost = _table_inputs(candidate, ctx, settings, ranking)
+    profile = ctx.load_profile or ctx.batch_profile
+    off = off_gain_over_load(ctx.now, alpha, step_cost, table, profile, p.max_batch_size, p.k_max, p.confidence)
+    if off is None:
+        return None
+    return 1.0 / off.gain, (1.0 / off.interval[1], 1.0 / off.interval[0])
 
 
 __all__ = [

@@ -187,3 +187,14 @@ def test_switching_cost_is_weighed_over_the_remaining_regime() -> None:
     assert "remaining length" in short.message
     long = Proposal("x", 1.2, (1.1, 1.3), 10_000, 300.0, horizon_s=600.0)
     assert check_switching_cost(rails, ControllerState(), long, T0) is None
+
+
+def test_a_change_that_commits_to_a_way_back_repays_both_restarts() -> None:
+    # 1.2× repays one 90 s restart in 450 s, two in 900 s: within a 600 s regime only the first
+    rails = GuardrailsSection(restart_downtime_s=90.0, payback_horizon_s=3600.0)
+    one = Proposal("x", 1.2, (1.1, 1.3), 10_000, 300.0, horizon_s=600.0)
+    assert check_switching_cost(rails, ControllerState(), one, T0) is None
+    both = check_switching_cost(rails, ControllerState(), replace(one, restarts=2), T0)
+    assert both is not None and both.reason is BlockReason.SWITCHING_COST
+    assert "2 restarts (there and back) cost ~180 s" in both.message and "900 s to repay" in both.message
+    assert check_switching_cost(rails, ControllerState(), replace(one, restarts=2, horizon_s=1000.0), T0) is None

@@ -11,7 +11,7 @@ from dataclasses import replace
 from policies.acceptance import AcceptanceEvidence
 from policies.counters import SpecCounters
 from policies.draft_choice import DraftCandidate, DraftTriggerConfig
-from policies.spec_config import SpecConfig
+from policies.spec_config import OFF, SpecConfig
 from policies.step_cost import StepCostModel, fit_step_cost
 from tests.fakes import iid_counters, make_context
 from tuner.config import PolicySection, StepCostSection
@@ -126,15 +126,22 @@ def test_measured_history_outweighs_an_optimistic_prior() -> None:
     assert out.target is not None and out.target.model == "/models/medium"
 
 
+TABLE_COST = StepCostModel(fixed_s=2e-3, per_token_s=1e-3, draft_fixed_s=2e-4, draft_per_seq_s=1e-4)
+TABLE_SETTINGS = PolicySettings(
+    PolicySection(k_max=5, step_cost=pinned(TABLE_COST), per_batch_size=True, max_batch_size=16), swap=None
+)
+GOOD_K5 = {"method": "draft_model", "model": "/models/good", "num_speculative_tokens": 5}
+# a lone stream and bursts of 16, alternating: the load a table serves without another change
+MIXED_LOAD = tuple((20.0, 16.0 if i % 2 else 1.0) for i in range(30))
+
+
 def test_per_batch_size_table_follows_the_load() -> None:
     # The target's cost grows with the tokens it scores: speculation pays at batch 1, not at 16.
-    cost = StepCostModel(fixed_s=2e-3, per_token_s=1e-3, draft_fixed_s=2e-4, draft_per_seq_s=1e-4)
-    settings = PolicySettings(
-        PolicySection(k_max=5, step_cost=pinned(cost), per_batch_size=True, max_batch_size=16), swap=None
-    )
-    assert settings.pinned_step_cost == cost
-    spec = {"method": "draft_model", "model": "/models/good", "num_speculative_tokens": 5}
-    out = propose(evidence(spec, 0.8, k=5, batch=16.0, candidates=(GOOD,)), settings)
+    settings = TABLE_SETTINGS
+    assert settings.pinned_step_cost == TABLE_COST
+    spec = GOOD_K5
+    ev = replace(evidence(spec, 0.8, k=5, batch=16.0, candidates=(GOOD,)), batch_profile=MIXED_LOAD)
+    out = propose(ev, settings)
     assert out.reason is PolicyReason.CHANGE_K_TABLE
     assert out.target is not None
     rows = out.target.to_vllm()["num_speculative_tokens_per_batch_size"]
@@ -143,8 +150,46 @@ def test_per_batch_size_table_follows_the_load() -> None:
     assert out.target.to_vllm()["num_speculative_tokens"] == 5  # the engine keeps K_max; the table picks per step
     assert out.predicted_gain is not None and out.predicted_gain > 1.0
     # Applying that table and measuring the same: the table is kept (no flapping).
-    same = propose(evidence(out.target, 0.8, k=5, batch=16.0, candidates=(GOOD,)), settings)
+    same_ev = evidence(out.target, 0.8, k=5, batch=16.0, candidates=(GOOD,))
+    same = propose(replace(same_ev, batch_profile=MIXED_LOAD), settings)
     assert same.reason is PolicyReason.KEEP and same.target is None
+
+
+def test_under_a_sustained_full_batch_a_table_drops_its_draft() -> None:
+    # 16 streams for the whole load window: the table's best row there still runs the draft model's pass
+    # (K = 0) or verifies twice the tokens (K = 1); only an engine without the draft reaches plain decoding.
+    # That is a restart, and coming back when the load falls is another: the proposal says so.
+    full = replace(evidence(GOOD_K5, 0.8, k=5, batch=16.0, candidates=(GOOD,)), load_profile=((600.0, 16.0),))
+    out = propose(full, TABLE_SETTINGS)
+    assert out.reason is PolicyReason.DROP_DRAFT and out.target is not None
+    assert out.target.describe() == "speculation off"
+    assert out.restarts == 2
+    assert out.predicted_gain is not None and out.predicted_gain_ci is not None
+    assert out.predicted_gain_ci[0] > 1.0 and "best table" in out.message
+    assert out.details["drop_draft"]["mean_load"] == 16.0
+    # a lone stream half the time: the table wins there by far more than the draft costs at 16 — keep it
+    mixed = replace(full, load_profile=tuple((20.0, b) for _, b in MIXED_LOAD))
+    kept = propose(mixed, TABLE_SETTINGS)
+    assert kept.reason is not PolicyReason.DROP_DRAFT
+    assert kept.target is None or kept.target.speculates
+
+
+def test_the_way_back_from_a_dropped_draft_is_judged_as_a_table_over_the_load() -> None:
+    # Speculation is off after a busy spell; the load is a lone stream again: the draft comes back with a
+    # table, and the predicted gain is that table's over the load window, not one K's at its mean.
+    history = {"good": AcceptanceEvidence(successes=16000.0, failures=4000.0, drafts=8000.0)}
+    off = replace(
+        make_context(OFF, [SpecCounters() for _ in range(30)], window_s=20.0, candidates=(GOOD,), history=history),
+        load_profile=((600.0, 1.0),),
+    )
+    out = propose(off, TABLE_SETTINGS)
+    assert out.reason is PolicyReason.ENABLE_SPECULATION and out.target is not None
+    assert out.target.to_vllm()["num_speculative_tokens_per_batch_size"][0][2] >= 1
+    assert "Its table over the load seen" in out.message
+    assert out.predicted_gain_ci is not None and out.predicted_gain_ci[0] > 1.0
+    # still 16 streams: the table would lose to plain decoding, so it stays off
+    busy = propose(replace(off, load_profile=((600.0, 16.0),)), TABLE_SETTINGS)
+    assert busy.target is None
 
 
 def test_k_is_left_alone_while_low_acceptance_is_being_confirmed() -> None:

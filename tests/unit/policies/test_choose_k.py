@@ -14,7 +14,14 @@ from hypothesis import strategies as st
 from bench.research.simulate import accepted_per_draft
 from policies.acceptance_model import ConstantAlphaModel
 from policies.choose_k import KChoiceSnapshot, KReason, choose_k, goodput_over_load, load_bins
-from policies.k_table import AcceptanceBucket, KTableReason, KTableSnapshot, k_table, merge_ranges
+from policies.k_table import (
+    AcceptanceBucket,
+    KTableReason,
+    KTableSnapshot,
+    k_table,
+    merge_ranges,
+    off_gain_over_load,
+)
 from policies.memory import DraftFootprint, MemoryBudget, check_memory
 from policies.speedup import (
     expected_tokens_from_conditional,
@@ -148,6 +155,24 @@ def test_k_table_turns_speculation_off_at_high_load() -> None:
     table = k_table(KTableSnapshot(NOW, ConstantAlphaModel.exact(0.5), cost, 32, 6))
     assert table.rows[-1][2] == 0
     assert table.decisions[-1].reason is KReason.SPECULATION_DOES_NOT_PAY
+
+
+def test_dropping_the_draft_is_weighed_against_a_table_on_the_load() -> None:
+    # the draft model's pass is 0.2 of the target's and still runs at a table's K = 0 (draft_pass_at_k0)
+    cost = replace(StepCostModel.from_cost_ratio(0.2, per_token_s=0.2), draft_pass_at_k0=True)
+    alpha = ConstantAlphaModel(0.5, 0.45, 0.55)
+    table = k_table(KTableSnapshot(NOW, alpha, cost, 32, 6)).rows
+    assert table[-1][2] == 0
+    full = off_gain_over_load(NOW, alpha, cost, table, [(600.0, 32.0)], 32, 6)
+    assert full is not None
+    # at 32 streams the table's row is K = 0 with the draft's pass: T(32, 0) = 1 + 6.4 + 0.2 · 7.4 → 1.2×
+    assert full.gain == pytest.approx((1.0 + 0.2 * 32 + 0.2 * (1.0 + 0.2 * 32)) / (1.0 + 0.2 * 32))
+    assert full.interval[0] <= full.gain <= full.interval[1]
+    lone = off_gain_over_load(NOW, alpha, cost, table, [(600.0, 1.0)], 32, 6)
+    assert lone is not None and lone.interval[1] < 1.0  # one stream: the table speculates and wins
+    half = off_gain_over_load(NOW, alpha, cost, table, [(300.0, 1.0), (300.0, 32.0)], 32, 6)
+    assert half is not None and lone.gain < half.gain < full.gain
+    assert off_gain_over_load(NOW, alpha, cost, table, [], 32, 6) is None
 
 
 def test_k_table_constant_under_leviathan() -> None:

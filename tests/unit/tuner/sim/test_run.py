@@ -9,6 +9,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -130,6 +131,34 @@ def test_speculation_turned_off_by_a_busy_spell_comes_back_on_when_it_ends(candi
     assert judge_changes(engine, run, scenario.engine.restart_downtime_s).unpaid == 0
     chat, again = run.phases["chat"], run.phases["chat again"]
     assert again >= 0.9 * chat, run.phases  # less the minutes it took to come back, the phase runs as the first
+
+
+@pytest.mark.parametrize("spell_s", [5400, 600], ids=["night_batch", "short_spell"])
+def test_under_a_table_a_sustained_full_batch_drops_the_draft_and_a_short_one_does_not(spell_s: int) -> None:
+    """gpu_table_night_batch shortened: an hour of chat at 4 requests, a batch job at 256, an hour at 24.
+    Under a per-batch-size table the K = 0 rows still run the 1B draft's pass, so only dropping the draft
+    reaches plain decoding in the batch job — a restart, and coming back another: a 90 min job pays for
+    both, a 10 min spell does not (the table serves it)."""
+    phases = [{"name": "chat", "duration_s": 3600, "concurrency": 4}, {"name": "batch job", "duration_s": spell_s,
+              "concurrency": 256}, {"name": "mixed", "duration_s": 3600, "concurrency": 24}]  # fmt: skip
+    scenario = bench_scenario("gpu_table_night_batch", duration_s=7200 + spell_s, load={"phases": phases})
+    engine = SimEngine(scenario)
+    with StoreFactory() as stores:
+        run = simulate(scenario, engine, "spectuner", start_config(scenario), stores=stores)
+    off = [t for t, cfg in run.configs if cfg.off]
+    assert run.configs[-1][1].table is not None, run.timeline  # a table at the end either way
+    if spell_s < 3600:
+        assert not off, run.timeline
+        return
+    end = 3600 + spell_s
+    on_again = [t for t, cfg in run.configs if not cfg.off and t > end]
+    assert off and 3600 < off[0] < 3600 + 1200, run.timeline
+    assert on_again and on_again[0] - end <= 900, run.timeline
+    assert judge_changes(engine, run, scenario.engine.restart_downtime_s).unpaid == 0
+    best_table = SimConfig("llama-1b", 4, ((1, 28, 2), (29, 256, 1)))
+    kept = float(engine.expected_goodput(best_table, np.array([3600.0 + spell_s / 2]))[0])
+    # off beat the table over the job, its first minutes under the table and the restart included
+    assert run.phases["batch job"] / spell_s > 1.01 * kept, run.phases
 
 
 def test_degrading_draft_is_detected_within_two_minutes_at_10_requests_per_s() -> None:
