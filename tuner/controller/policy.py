@@ -53,7 +53,7 @@ class PolicyReason(StrEnum):
     SWAP_DRAFT = "swap_draft"  # acceptance stayed low; another candidate is predicted to do better
     FALLBACK_NGRAM = "fallback_ngram"
     DISABLE_SPECULATION = "disable_speculation"  # acceptance stayed low and nothing beats plain decoding
-    DROP_DRAFT = "drop_draft"  # per-batch-size table: over the sustained load, no draft beats every table
+    DROP_DRAFT = "drop_draft"  # per-batch-size table: plain decoding surely beats the best table over the load
     ENABLE_SPECULATION = "enable_speculation"  # speculation is off and a draft surely beats plain decoding now
     KEEP = "keep"  # the current config is the best
     NO_SPECULATION = "no_speculation"  # nothing to estimate from (method off / no K)
