@@ -165,8 +165,12 @@ def _table_tokens(
 ) -> list[tuple[float, float, float]]:
     """Per table: Σ seconds · speedup over ``profile`` and the same at the ends of each window's interval."""
     sums = [[0.0, 0.0, 0.0] for _ in tables]
+    # an hour of 10 s windows holds a few distinct batch sizes: evaluate each once, weighted by its seconds
+    seconds_at: dict[int, float] = {}
     for dur, running in profile:
         b = min(max(1, round(running)), max_batch_size)
+        seconds_at[b] = seconds_at.get(b, 0.0) + dur
+    for b, dur in seconds_at.items():
         snap = KChoiceSnapshot(
             now=now,
             acceptance=acceptance,
