@@ -164,6 +164,10 @@ class DraftChoiceSnapshot:
     # candidates not proposed beyond failure (the floor swapped them out and acceptance has not moved since);
     # the floor's own ranking still sees them
     not_opportunistic: frozenset[str] = frozenset()
+    # candidate name → its own T(B, K) (the target's with that draft, corrected by the cells this engine
+    # measured while it ran it): the K it is proposed at; every candidate is still ranked on ``step_cost``
+    # at its cost ratio, so one that ran here and one that never did are compared alike
+    step_cost_of: Mapping[str, StepCostModel] = field(default_factory=dict)
 
 
 class TriggerReason(StrEnum):
@@ -390,13 +394,14 @@ def _score(
         )
     target = snapshot.step_cost
     model = target.with_draft_ratio(cost_ratio)
+    own = snapshot.step_cost_of.get(name)
 
-    def best_k(batch: int) -> KDecision:
+    def best_k(batch: int, step_cost: StepCostModel) -> KDecision:
         return choose_k(
             KChoiceSnapshot(
                 now=snapshot.now,
                 acceptance=ConstantAlphaModel(alpha, min(alpha_ci[0], alpha), max(alpha_ci[1], alpha)),
-                step_cost=model,
+                step_cost=step_cost,
                 batch_size=batch,
                 k_max=snapshot.k_max,
                 draft=footprint if snapshot.memory is not None else None,
@@ -405,13 +410,27 @@ def _score(
             )
         )
 
+    def ranked(batch: int) -> KDecision:
+        # Every candidate is ranked on the linear model, so a draft that ran here (whose cells correct it)
+        # and one that never did are compared alike; but it is proposed at the K its own cells favour, the K
+        # the K policy would move it to once it runs — else a second restart follows the swap.
+        linear = best_k(batch, model)
+        if own is None:
+            return linear
+        k_own = best_k(batch, own).k
+        at = next((o for o in linear.by_k if o.k == k_own), None)
+        if at is None or k_own == linear.k:
+            return linear
+        note = f"{linear.message} At K = {k_own}, which this engine's steps under it favour."
+        return replace(linear, k=k_own, speedup=at.speedup, speedup_ci=at.speedup_ci, message=note)
+
     # the batch depends on K only through its lookahead slots: cap at K = 1, choose K there, cap again
     batch, _ = capped_batch(snapshot.kv, snapshot.demand, footprint, 1, target, snapshot.batch_size)
-    decision = best_k(batch)
+    decision = ranked(batch)
     k = max(decision.k, 1)
     batch, scale = capped_batch(snapshot.kv, snapshot.demand, footprint, k, target, snapshot.batch_size)
     if scale != 1.0:
-        decision = best_k(batch)
+        decision = ranked(batch)
     fits = any(o.fits_memory for o in decision.by_k if o.k > 0)
     lo, hi = decision.speedup_ci
     capped = f" at batch {batch} (memory cap; {scale:.2f}× plain decoding's throughput)" if scale != 1.0 else ""

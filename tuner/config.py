@@ -418,6 +418,13 @@ class GuardrailsSection(_Section):
     min_drafts: int = Field(default=200, ge=0, description="drafts of evidence before any change")
     min_evidence_s: float = Field(default=60.0, ge=0, description="seconds of windows before any change")
     min_gain: float = Field(default=0.03, ge=0, description="lower end of the predicted gain must beat 1 + this")
+    min_gain_live: float = Field(
+        default=0.01,
+        ge=0,
+        description="min_gain for a change that does not interrupt serving (a live K table through the plugin, "
+        "blue/green, rolling): no downtime to repay and the verification window rolls back a loss, so a smaller "
+        "sure gain is worth taking; set it to min_gain to treat every change alike",
+    )
     hysteresis_ticks: int = Field(default=2, ge=1, description="decisions in a row that must want the change")
     cooldown_s: float = Field(default=600.0, ge=0, description="quiet time after any change")
     max_changes_per_hour: int = Field(default=4, ge=0)

@@ -42,7 +42,7 @@ from tuner.controller.evidence import (
 )
 from tuner.controller.fleet_prior import with_fleet_priors
 from tuner.controller.settings import ControllerSettings, PolicySettings
-from tuner.controller.step_cost import config_specs, step_cost_from_steps
+from tuner.controller.step_cost import candidate_step_costs, config_specs, step_cost_from_steps, step_groups
 from tuner.store import Store, StoredConfig
 from tuner.store.shadow import shadow_evidence
 
@@ -78,6 +78,9 @@ class DecisionContext:
     step_cost: StepCostModel | None = None
     step_cost_note: str | None = None
     step_cost_source: str = "fitted"  # "fitted", "pinned" or either "+ measured cells"
+    # candidate name → T(B, K) over step_cost's linear model with the cells measured under that draft (the
+    # running one included), for ranking drafts (tuner.controller.step_cost.candidate_step_costs)
+    candidate_step_cost: Mapping[str, StepCostModel] = field(default_factory=dict)
     running: DraftCandidate | None = None  # the candidate the engine runs now (None: speculation off)
     # For the draft-swap policy (set when swapping is on and candidates are configured):
     candidates: tuple[DraftCandidate, ...] = ()  # every candidate, the running one included
@@ -226,13 +229,22 @@ class ControllerMemory:
 
     The three caches hold store reads that never change the outcome, only what a tick costs to read."""
 
-    streak: tuple[str | None, int] = (None, 0)  # (target fingerprint, decisions in a row proposing it)
+    streak: tuple[str | None, int] = (None, 0)  # (streak key: the target fingerprint or a table's, decisions in a row)
     last_recorded: tuple[str, str] | None = None  # (target, status:reason) of the last held/advisory row
     history: HistoryCache = field(default_factory=HistoryCache)  # α evidence read so far, per config period
     fleet_history: dict[str, HistoryCache] = field(default_factory=dict)  # the same, per other engine's URL
     load: LoadProfile = field(default_factory=LoadProfile)  # requests running over the load horizon
-    # (read at, running draft, (T(B, K), note, source)): re-read every refit interval or on a swap
-    step_cost: tuple[datetime, tuple[str, str | None], tuple[StepCostModel, str, str] | None] | None = None
+    # (read at, running draft, (T(B, K), note, source), candidate name → T(B, K) with its measured cells):
+    # re-read every refit interval or on a swap
+    step_cost: (
+        tuple[
+            datetime,
+            tuple[str, str | None],
+            tuple[StepCostModel, str, str] | None,
+            Mapping[str, StepCostModel],
+        ]
+        | None
+    ) = None
     # acceptance regimes of the running draft (named beside it), measured tick by tick
     alpha_regime: tuple[tuple[str, str | None] | None, RegimeTracker] | None = None
     # load regimes (requests running + waiting over a decide interval, under any config)
@@ -540,14 +552,16 @@ def _with_step_cost(
     cached = memory.step_cost
     draft = ctx.current.draft
     if cached is not None and cached[1] == draft and ctx.now - cached[0] < timedelta(seconds=p.step_cost_refit_s):
-        fitted = cached[2]
+        fitted, by_candidate = cached[2], cached[3]
     else:
         ratio = running.cost_ratio_for(p.target_params) if running is not None else None
+        specs = config_specs(store, ctx.keys, ctx.now, p.step_cost_horizon_s)
+        groups = step_groups(store, ctx.keys, specs, ctx.now, p.step_cost_horizon_s)
         fitted = step_cost_from_steps(
             store,
             ctx.keys,
             ctx.current,
-            config_specs(store, ctx.keys, ctx.now, p.step_cost_horizon_s),
+            specs,
             ctx.now,
             p,
             p.cost_ratio if ratio is None else ratio,
@@ -555,12 +569,21 @@ def _with_step_cost(
             cost_ratio_of=lambda spec: next(
                 (c.cost_ratio_for(p.target_params) for c in candidates if same_draft(spec, c)), None
             ),
+            groups=groups,
         )
-        memory = replace(memory, step_cost=(ctx.now, draft, fitted))
+        by_candidate = (
+            candidate_step_costs(groups, fitted[0], candidates, p.target_params, p.step_cost_cell_min_steps)
+            if fitted is not None
+            else {}
+        )
+        memory = replace(memory, step_cost=(ctx.now, draft, fitted, by_candidate))
     if fitted is None:
         return ctx, memory
     model, note, source = fitted
-    return replace(ctx, step_cost=model, step_cost_note=note, step_cost_source=source), memory
+    return (
+        replace(ctx, step_cost=model, step_cost_note=note, step_cost_source=source, candidate_step_cost=by_candidate),
+        memory,
+    )
 
 
 __all__ = [

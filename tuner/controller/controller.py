@@ -235,13 +235,14 @@ class Controller:
             needs_restart=self.actuator.needs_restart_for(outcome.target.to_vllm()),
             horizon_s=ctx.regime_remaining_s,
             restarts=outcome.restarts,
+            streak_key=outcome.streak_key,
         )
         rails = self.settings.guardrails
         cost_s = self.switching_cost_s(outcome.target, now)
         if cost_s is not None:
             rails = rails.model_copy(update={"restart_downtime_s": cost_s})
         block = check_guardrails(rails, state, proposal, now)
-        self.memory = replace(self.memory, streak=next_streak(state, target_fp))
+        self.memory = replace(self.memory, streak=next_streak(state, proposal.streak_target))
         inputs = ctx.to_inputs(outcome.details).to_json()
         if block is not None:
             return self._record_once(

@@ -48,7 +48,7 @@ class ControllerState:
     pending_verification: bool = False
     canary_elsewhere: str | None = None  # another replica's canary in flight (this one is its baseline)
     change_times: tuple[datetime, ...] = ()  # when configs we applied took effect, any order
-    streak_target: str | None = None  # the last proposal's target (a config fingerprint)
+    streak_target: str | None = None  # the last proposal's streak key (Proposal.streak_target)
     streak_count: int = 0  # how many decisions in a row proposed it, before this one
     failed_targets: frozenset[str] = frozenset()  # fingerprints that failed or regressed recently
 
@@ -73,6 +73,13 @@ class Proposal:
     # restarts the change commits to within that regime: 2 when it serves only the load now and leaves a
     # config that serves every load (dropping a per-batch-size table's draft), so the way back is another
     restarts: int = 1
+    # what makes proposals in a row the same change for the streak (None: ``target``); a K table's K where
+    # the load runs, so its rows elsewhere moving with noise do not restart the count
+    streak_key: str | None = None
+
+    @property
+    def streak_target(self) -> str:
+        return self.streak_key or self.target
 
 
 def next_streak(state: ControllerState, target: str | None) -> tuple[str | None, int]:
@@ -131,17 +138,20 @@ def check_evidence(s: GuardrailsSection, st: ControllerState, p: Proposal, now: 
 
 def check_gain(s: GuardrailsSection, st: ControllerState, p: Proposal, now: datetime) -> Block | None:
     lo, hi = p.predicted_gain_ci
-    if lo <= 1.0 + s.min_gain:
+    # A change that keeps serving has no downtime to repay and is rolled back if it loses: a smaller bar
+    bar = s.min_gain if p.needs_restart else s.min_gain_live
+    if lo <= 1.0 + bar:
+        live = "" if p.needs_restart else " (the bar for a change that does not interrupt serving)"
         return Block(
             BlockReason.GAIN_TOO_SMALL,
             f"Predicted gain {p.predicted_gain:.3f}× (interval {lo:.3f}–{hi:.3f}×) is not surely above "
-            f"{1.0 + s.min_gain:.3f}×.",
+            f"{1.0 + bar:.3f}×{live}.",
         )
     return None
 
 
 def check_streak(s: GuardrailsSection, st: ControllerState, p: Proposal, now: datetime) -> Block | None:
-    _, count = next_streak(st, p.target)
+    _, count = next_streak(st, p.streak_target)
     if count < s.hysteresis_ticks:
         return Block(
             BlockReason.NOT_PERSISTENT,

@@ -9,6 +9,7 @@ measured cells laid over it), else the pinned model, else Leviathan's model from
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
@@ -39,7 +40,7 @@ from policies.draft_choice import (
 from policies.k_table import KTableSnapshot, k_table, off_gain_over_load, table_gain_over_load
 from policies.memory import DraftFootprint
 from policies.shadow_replay import with_shadow
-from policies.spec_config import OFF, KRow, SpecConfig, method_drafts_at_k0
+from policies.spec_config import OFF, KRow, SpecConfig, k_at, method_drafts_at_k0
 from policies.step_cost import StepCostModel
 from tuner.controller.context import DecisionContext
 from tuner.controller.settings import PolicySettings
@@ -83,6 +84,9 @@ class PolicyOutcome:
     # restarts the change commits to (guardrails.Proposal.restarts): 2 when leaving a config that serves
     # every load for one that serves only the load now
     restarts: int = 1
+    # what makes two proposals in a row the same change for the streak rail (None: the target's
+    # fingerprint): a table's K at the batch sizes the load runs, not its rows elsewhere, which move with noise
+    streak_key: str | None = None
 
 
 def step_cost_model(ctx: DecisionContext, settings: PolicySettings) -> StepCostModel:
@@ -274,15 +278,31 @@ def propose_k_table(ctx: DecisionContext, settings: PolicySettings) -> PolicyOut
     if gain is None:
         return PolicyOutcome(PolicyReason.KEEP, "No load profile to judge a table on yet.", details=details)
     rows_text = ", ".join(f"{lo}–{hi}: K={k}" for lo, hi, k in new_rows)
+    target = ctx.current.with_table(new_rows, k_engine)
     return PolicyOutcome(
         PolicyReason.CHANGE_K_TABLE,
         f"{ctx.alpha.message} New per-batch-size table {rows_text}: {table.message} Predicted {gain.gain:.2f}× the "
         f"current table on the load seen in the last {ctx.duration_s:.0f} s.",
-        ctx.current.with_table(new_rows, k_engine),
+        target,
         gain.gain,
         gain.interval,
         details=details,
+        streak_key=_table_streak_key(target, new_rows, profile),
     )
+
+
+def _table_streak_key(target: SpecConfig, rows: tuple[KRow, ...], profile: Sequence[tuple[float, float]]) -> str:
+    """The change a table proposal makes where the load runs: its draft and K_max, and its K at each batch
+    size holding ≥ 5 % of the profile's weight. Rows at batch sizes the load does not visit move from tick
+    to tick with α's noise (a boundary at 10 or 11 when the load is at 1) and must not restart the streak."""
+    weight: dict[int, float] = {}
+    for w, b in profile:
+        size = max(round(b), 1)
+        weight[size] = weight.get(size, 0.0) + w
+    total = sum(weight.values()) or 1.0
+    visited = sorted(b for b, w in weight.items() if w >= 0.05 * total) or [1]
+    ks = ",".join(f"{b}:{k_at(rows, b)}" for b in visited)
+    return f"table {target.method} {target.model or ''} K_max={target.k} at {ks}"
 
 
 def _drop_draft(
@@ -512,6 +532,7 @@ def _draft_snapshot(
         config=trigger,
         demand=ctx.mean_demand,
         kv=ctx.kv_capacity,
+        step_cost_of=ctx.candidate_step_cost,
     )
 
 

@@ -21,10 +21,12 @@ their measured mean: a linear T(B, K) misses engine quirks that decide K (see do
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from collectors.records import EngineKey
-from policies.spec_config import SpecConfig
+from policies.draft_choice import DraftCandidate
+from policies.spec_config import SpecConfig, method_drafts_at_k0
 from policies.step_cost import (
     MeasuredStepCost,
     StepCostFit,
@@ -35,7 +37,67 @@ from policies.step_cost import (
     with_measured_cells,
 )
 from tuner.config import PolicySection
+from tuner.controller.candidates import same_draft
 from tuner.store import Store
+
+
+@dataclass(frozen=True)
+class StepGroup:
+    """Decode steps of one config at one (batch size, K): ``Store.step_time_groups`` with the config's spec."""
+
+    spec: SpecConfig | None  # None: the config is not known (outside the horizon's configs)
+    batch_size: float
+    k: float
+    mean_s: float
+    steps: float
+
+
+def step_groups(
+    store: Store, keys: Sequence[EngineKey], spec_of: Mapping[int, SpecConfig], now: datetime, horizon_s: float
+) -> list[StepGroup]:
+    """Every engine's step groups over the last ``horizon_s``: one grouped query per engine."""
+    since = now - timedelta(seconds=horizon_s)
+    until = now + timedelta(microseconds=1)
+    return [
+        StepGroup(spec_of.get(config_id) if config_id is not None else None, float(b), float(k), mean_s, float(n))
+        for key in keys
+        for config_id, b, k, mean_s, n in store.step_time_groups(key, since, until)
+    ]
+
+
+def candidate_step_costs(
+    groups: Sequence[StepGroup],
+    target: StepCostModel,
+    candidates: Sequence[DraftCandidate],
+    target_params: int | None,
+    min_steps: int,
+) -> dict[str, StepCostModel]:
+    """Candidate name → T(B, K) with the cells this engine measured while it ran that draft (within the
+    horizon), over ``target``'s linear model with the candidate's draft at its cost ratio — the model a swap
+    ranks it on (``policies.draft_choice``). Only candidates with a qualifying cell; the others are ranked
+    on the linear model alone.
+
+    Why: a linear T(B, K) misses what the engine measured (a per-sequence KV read, CPU quirks), and a swap
+    that ranks a draft on it picks a K that the K policy, reading that draft's cells once it runs,
+    changes minutes later — a second restart (gpu_memory_bound: back to the 8B at K = 2, then K = 3)."""
+    out: dict[str, StepCostModel] = {}
+    for cand in candidates:
+        ratio = cand.cost_ratio_for(target_params)
+        rows = [g for g in groups if g.spec is not None and same_draft(g.spec, cand)]
+        if ratio is None or not rows:
+            continue
+        base = target.linear().with_draft_ratio(ratio).with_draft_pass_at_k0(method_drafts_at_k0(cand.method))
+        model = with_measured_cells(
+            base,
+            [g.batch_size for g in rows],
+            [g.k for g in rows],
+            [g.mean_s for g in rows],
+            [g.steps for g in rows],
+            min_steps,
+        )
+        if isinstance(model, MeasuredStepCost):
+            out[cand.name] = model
+    return out
 
 
 def step_cost_from_steps(
@@ -48,6 +110,7 @@ def step_cost_from_steps(
     cost_ratio: float,
     pinned: StepCostModel | None = None,
     cost_ratio_of: Callable[[SpecConfig], float | None] | None = None,
+    groups: Sequence[StepGroup] | None = None,
 ) -> tuple[StepCostModel, str, str] | None:
     """(model, note, source) for the running draft from the last ``step_cost_horizon_s`` of steps, or None when the
     steps are too few (or the plugin is not configured) and nothing is pinned. ``spec_of`` maps config
@@ -62,30 +125,31 @@ def step_cost_from_steps(
     (one K at one batch size: right after a swap), the target's two parameters are fitted from the steps
     under every draft whose cost ratio ``cost_ratio_of`` knows (``policies.step_cost.fit_target_cost``):
     the target costs the same whatever draft runs beside it.
+
+    ``groups``: the steps already read (:func:`step_groups`), else they are read here.
     """
-    since = now - timedelta(seconds=settings.step_cost_horizon_s)
-    until = now + timedelta(microseconds=1)
+    if groups is None:
+        groups = step_groups(store, keys, spec_of, now, settings.step_cost_horizon_s)
     draft = current.draft
     loaded = current.drafts_at_k0
     fit_rows: list[tuple[float, float, float, float, bool]] = []  # B, K, mean s, steps, draft pass at K = 0
     cell_rows: list[tuple[float, float, float, float]] = []
     # every step whose draft's cost ratio is known: B, K, mean s, steps, draft pass at K = 0, cost ratio
     target_rows: list[tuple[float, float, float, float, bool, float]] = []
-    for key in keys:
-        for config_id, b, k, mean_s, n in store.step_time_groups(key, since, until):
-            spec = spec_of.get(config_id) if config_id is not None else None
-            same_draft = spec is not None and spec.draft == draft
-            if same_draft:
-                cell_rows.append((float(b), float(k), mean_s, float(n)))
-                fit_rows.append((float(b), float(k), mean_s, float(n), loaded))
-                target_rows.append((float(b), float(k), mean_s, float(n), loaded, cost_ratio))
-            elif k == 0 and not (spec is not None and spec.drafts_at_k0):  # no draft model ran: the target alone
-                fit_rows.append((float(b), 0.0, mean_s, float(n), False))
-                target_rows.append((float(b), 0.0, mean_s, float(n), False, 0.0))
-            elif spec is not None and cost_ratio_of is not None:
-                other = cost_ratio_of(spec)
-                if other is not None:
-                    target_rows.append((float(b), float(k), mean_s, float(n), spec.drafts_at_k0, other))
+    for g in groups:
+        spec, b, k, mean_s, n = g.spec, g.batch_size, g.k, g.mean_s, g.steps
+        same_draft = spec is not None and spec.draft == draft
+        if same_draft:
+            cell_rows.append((b, k, mean_s, n))
+            fit_rows.append((b, k, mean_s, n, loaded))
+            target_rows.append((b, k, mean_s, n, loaded, cost_ratio))
+        elif k == 0 and not (spec is not None and spec.drafts_at_k0):  # no draft model ran: the target alone
+            fit_rows.append((b, 0.0, mean_s, n, False))
+            target_rows.append((b, 0.0, mean_s, n, False, 0.0))
+        elif spec is not None and cost_ratio_of is not None:
+            other = cost_ratio_of(spec)
+            if other is not None:
+                target_rows.append((b, k, mean_s, n, spec.drafts_at_k0, other))
     steps = int(sum(r[3] for r in fit_rows))
     if pinned is not None:
         base, note, source = pinned, "T(B, K) pinned by [policy.step_cost]", "pinned"

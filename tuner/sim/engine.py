@@ -244,13 +244,14 @@ class SimEngine:
         model = self.target_cost if cfg.off else self.cost[str(cfg.draft)]
         b = np.asarray(batch, dtype=float)
         k = cfg.k_at(b)
-        # T(B, K) = fixed + per_token·B·(K+1) + D·(draft_fixed + draft_per_seq·B), as StepCostModel: D = K
-        # draft passes, or 1 for a table's K = 0 with a draft model (vLLM keeps the draft's KV cache in sync)
+        # T(B, K) = fixed + per_token·max(B·(K+1) − free, 0) + D·(draft_fixed + draft_per_seq·B), as
+        # StepCostModel when free = 0: D = K draft passes, or 1 for a table's K = 0 with a draft model (vLLM
+        # keeps the draft's KV cache in sync)
         loaded = not cfg.off and method_drafts_at_k0(self.drafts[str(cfg.draft)].method)
         passes = np.where((k == 0) & loaded, 1, k)
         return (
             model.fixed_s
-            + model.per_token_s * b * (k + 1)
+            + model.per_token_s * np.maximum(b * (k + 1) - self.scenario.engine.free_tokens, 0.0)
             + passes * (model.draft_fixed_s + model.draft_per_seq_s * b)
             + self.kv_read_s_per_seq * b
         )

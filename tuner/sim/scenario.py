@@ -53,10 +53,17 @@ class FailingConfig(_Section):
 
 
 class EngineSection(_Section):
-    """The target's step cost T(B, K) = target_step_s + per_token_s·B·(K+1) + K·(draft pass at B)."""
+    """The target's step cost T(B, K) = target_step_s + per_token_s·max(B·(K+1) − free_tokens, 0) + K·(draft
+    pass at B)."""
 
     target_step_s: float = Field(gt=0, description="fixed part of one target forward pass")
     per_token_s: float = Field(default=0.0, ge=0, description="target cost per scored token")
+    free_tokens: float = Field(
+        default=0.0,
+        ge=0,
+        description="scored tokens a target pass takes at its fixed cost before per_token_s applies (a pass "
+        "bound by reading the weights until the batch fills the compute: the roofline's flat part)",
+    )
     restart_downtime_s: float = Field(default=60.0, ge=0, description="serving gap of a config change")
     start_failure_s: float = Field(
         default=0.0, ge=0, description="extra serving gap when a config fails and the old one is restarted"

@@ -94,6 +94,31 @@ def test_gain_uses_the_lower_end_of_the_interval() -> None:
     assert check_gain(SETTINGS, STATE, replace(GOOD, predicted_gain_ci=(1.031, 1.5)), T0) is None
 
 
+def test_a_change_that_keeps_serving_needs_a_smaller_sure_gain() -> None:
+    # min_gain_live (0.01 by default): no downtime to repay, and verification rolls back a loss
+    live = replace(GOOD, predicted_gain=1.05, predicted_gain_ci=(1.015, 1.09), needs_restart=False)
+    assert SETTINGS.min_gain_live == 0.01
+    assert check_gain(SETTINGS, STATE, live, T0) is None
+    restart = check_gain(SETTINGS, STATE, replace(live, needs_restart=True), T0)
+    assert restart is not None and "1.030×" in restart.message and "does not interrupt" not in restart.message
+    low = check_gain(SETTINGS, STATE, replace(live, predicted_gain_ci=(1.005, 1.09)), T0)
+    assert low is not None and low.reason is BlockReason.GAIN_TOO_SMALL
+    assert "1.010×" in low.message and "does not interrupt serving" in low.message
+    # an operator who wants every change alike sets both the same
+    strict = SETTINGS.model_copy(update={"min_gain_live": SETTINGS.min_gain})
+    assert check_gain(strict, STATE, live, T0) is not None
+
+
+def test_a_streak_key_makes_proposals_that_differ_only_elsewhere_the_same_change() -> None:
+    a = replace(GOOD, target="table rows A", streak_key="K=5 at 1")
+    b = replace(GOOD, target="table rows B", streak_key="K=5 at 1")
+    target, count = next_streak(ControllerState(), a.streak_target)
+    state = replace(STATE, streak_target=target, streak_count=count)
+    assert check_streak(SETTINGS, state, b, T0) is None  # second in a row, though the fingerprints differ
+    assert check_streak(SETTINGS, state, replace(b, streak_key="K=4 at 1"), T0) is not None
+    assert GOOD.streak_target == GOOD.target  # no key: the fingerprint
+
+
 def test_streak_counts_consecutive_identical_proposals_and_resets_on_a_flip() -> None:
     state = ControllerState()
     assert check_streak(SETTINGS, state, GOOD, T0) is not None  # first time: 1 of 2

@@ -16,7 +16,7 @@ from policies.step_cost import StepCostModel, fit_step_cost
 from tests.fakes import iid_counters, make_context
 from tuner.config import PolicySection, StepCostSection
 from tuner.controller.context import DecisionContext
-from tuner.controller.policy import PolicyReason, propose, propose_k
+from tuner.controller.policy import PolicyReason, _table_streak_key, propose, propose_k
 from tuner.controller.settings import PolicySettings
 
 WEAK = DraftCandidate("weak", "draft_model", "/models/weak", params=1000, prior_alpha=0.3, cost_ratio=0.1)
@@ -153,6 +153,25 @@ def test_per_batch_size_table_follows_the_load() -> None:
     same_ev = evidence(out.target, 0.8, k=5, batch=16.0, candidates=(GOOD,))
     same = propose(replace(same_ev, batch_profile=MIXED_LOAD), settings)
     assert same.reason is PolicyReason.KEEP and same.target is None
+
+
+def test_a_tables_streak_key_is_its_k_where_the_load_runs() -> None:
+    # Two tables that differ only at batch sizes the load does not visit propose the same change for the
+    # streak rail (their boundaries there move with α's noise from tick to tick); one that differs where
+    # the load runs does not.
+    target = SpecConfig("draft_model", "/models/good", 5)
+    at_one = ((1.0, 1.0), (1.0, 1.2), (0.01, 9.0))  # 9 streams for 1 % of the time: not visited
+    a = _table_streak_key(target, ((1, 3, 5), (4, 10, 3), (11, 16, 1)), at_one)
+    b = _table_streak_key(target, ((1, 3, 5), (4, 11, 3), (12, 16, 2)), at_one)
+    c = _table_streak_key(target, ((1, 1, 4), (2, 16, 1)), at_one)
+    assert a == b != c
+    assert "at 1:5" in a and "/models/good" in a and "K_max=5" in a
+    mixed = _table_streak_key(target, ((1, 3, 5), (4, 10, 3), (11, 16, 1)), MIXED_LOAD)
+    assert mixed.endswith("at 1:5,16:1")
+    ev = replace(evidence(GOOD_K5, 0.8, k=5, batch=16.0, candidates=(GOOD,)), batch_profile=MIXED_LOAD)
+    out = propose(ev, TABLE_SETTINGS)
+    assert out.reason is PolicyReason.CHANGE_K_TABLE and out.streak_key is not None
+    assert out.streak_key.startswith("table draft_model /models/good K_max=5 at 1:")
 
 
 def test_under_a_sustained_full_batch_a_table_drops_its_draft() -> None:

@@ -104,6 +104,18 @@ def test_a_tables_k0_runs_the_draft_models_pass_but_not_ngrams() -> None:
     assert engine.step_time_s(OFF, b)[0] == pytest.approx(target)
 
 
+def test_free_tokens_flatten_the_target_pass_until_the_batch_fills_it() -> None:
+    engine = engine_of(
+        engine={"target_step_s": 0.04, "per_token_s": 0.003, "free_tokens": 8, "step_time_cv": 0.0},
+        drafts=[{"name": "n", "method": "ngram", "alpha": 0.5}],
+        start={"draft": "n", "k": 3},
+    )
+    steps = engine.step_time_s(OFF, np.array([1.0, 8.0, 16.0, 64.0]))
+    assert steps == pytest.approx([0.04, 0.04, 0.04 + 0.003 * 8, 0.04 + 0.003 * 56])
+    # verification scores B·(K+1) tokens: K = 3 at 2 streams is still within the flat part, at 4 it is not
+    assert engine.step_time_s(SimConfig("n", 3), np.array([2.0, 4.0])) == pytest.approx([0.04, 0.04 + 0.003 * 8])
+
+
 def test_memory_caps_the_batch_and_refuses_what_does_not_fit() -> None:
     memory = {"kv_pool_bytes": 1e9, "target_kv_bytes_per_token": 1e5, "tokens_per_seq": 1000}
     engine = engine_of(
@@ -154,9 +166,12 @@ def test_same_world_for_every_policy() -> None:
     """Load, jitter and step noise depend on the scenario's seed only, not on the run's generator."""
     engine = engine_of(drafts=[{"name": "d", "cost_ratio": 0.08, "alpha": 0.7, "alpha_jitter_sd": 0.05}])
     t = np.arange(0.0, 600.0, 10.0)
-    assert np.array_equal(engine.alpha("d", t, jitter=True), engine_of(
-        drafts=[{"name": "d", "cost_ratio": 0.08, "alpha": 0.7, "alpha_jitter_sd": 0.05}]
-    ).alpha("d", t, jitter=True))
+    assert np.array_equal(
+        engine.alpha("d", t, jitter=True),
+        engine_of(drafts=[{"name": "d", "cost_ratio": 0.08, "alpha": 0.7, "alpha_jitter_sd": 0.05}]).alpha(
+            "d", t, jitter=True
+        ),
+    )
 
 
 def test_bad_scenarios_name_every_problem(tmp_path: Path) -> None:
@@ -244,4 +259,3 @@ def test_the_engine_reports_its_kv_pool_and_usage_and_they_give_back_its_caps() 
     assert engine_of().cache_config(OFF) is None  # no [engine.memory]: nothing to report
     (window,) = engine_of().windows(OFF, np.array([0.0]), np.array([10.0]), np.random.default_rng(0))
     assert window.kv_usage is None
-

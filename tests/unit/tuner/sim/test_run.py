@@ -76,9 +76,7 @@ def test_same_seed_same_json_other_seed_other_json() -> None:
 
 def test_stationary_24h_makes_no_change() -> None:
     # Full 24 h, coarser ticks (collect 60 s, decide 300 s) to keep the test fast; the bench runs 10 s / 60 s.
-    scenario = bench_scenario(
-        "gpu_stationary", controller={"collect_interval_s": 60, "decide_interval_s": 300}
-    )
+    scenario = bench_scenario("gpu_stationary", controller={"collect_interval_s": 60, "decide_interval_s": 300})
     engine = SimEngine(scenario)
     with StoreFactory() as stores:
         run = simulate(scenario, engine, "spectuner", start_config(scenario), stores=stores)
@@ -233,7 +231,6 @@ def _to_toml(data: dict[str, Any], prefix: str = "") -> str:
     return out
 
 
-
 def test_spectuner_stepcost_re_pins_the_true_step_cost_of_the_draft_in_force(monkeypatch: pytest.MonkeyPatch) -> None:
     """After a swap, [policy.step_cost] must be the new draft's T(B, K), not the start draft's; the
     controller's default policy reads the settings in force at each decision."""
@@ -298,14 +295,19 @@ def test_live_k_engine_changes_k_without_a_restart_and_restarts_for_another_draf
     clock = SimClock(T0)
     actuator = SimActuator(engine, clock, start_config(scenario))  # medium/K=3
     medium = engine.to_spec(start_config(scenario)).to_vllm()["model"]
-    table = {"method": "draft_model", "model": medium, "num_speculative_tokens": 5,
-             "num_speculative_tokens_per_batch_size": [[1, 4, 5], [5, 64, 1]]}
+    table = {
+        "method": "draft_model",
+        "model": medium,
+        "num_speculative_tokens": 5,
+        "num_speculative_tokens_per_batch_size": [[1, 4, 5], [5, 64, 1]],
+    }
     assert not actuator.needs_restart_for(table)
     result = actuator.apply(table)
     assert (result.status.value, result.downtime_s, actuator.stats.restarts, clock.now) == ("applied", 0.0, 0, T0)
     # K above the engine's K_max, or another draft, restarts
-    assert actuator.needs_restart_for({**table, "num_speculative_tokens": 6,
-                                       "num_speculative_tokens_per_batch_size": [[1, 64, 6]]})
+    assert actuator.needs_restart_for(
+        {**table, "num_speculative_tokens": 6, "num_speculative_tokens_per_batch_size": [[1, 64, 6]]}
+    )
     good = engine.to_spec(SimConfig("good", 3)).to_vllm()
     assert actuator.needs_restart_for(good)
     result = actuator.apply(good)
@@ -314,3 +316,26 @@ def test_live_k_engine_changes_k_without_a_restart_and_restarts_for_another_draf
     plain = SimActuator(SimEngine(bench_scenario("lab_gpu_like")), SimClock(T0), start_config(scenario))
     assert plain.needs_restart_for(table)
     assert plain.apply(table).downtime_s == scenario.engine.restart_downtime_s
+
+
+def _first_change_s(scenario: Scenario) -> float | None:
+    engine = SimEngine(scenario)
+    with StoreFactory() as stores:
+        run = simulate(scenario, engine, "spectuner", start_config(scenario), stores=stores)
+    return run.timeline[1][0] if len(run.timeline) > 1 else None
+
+
+def test_a_live_table_change_takes_a_smaller_sure_gain_than_a_restart() -> None:
+    """lab_phases' first phase (one stream, medium/K=3; the plugin takes a table live): the table that
+    raises K at one stream is predicted ~+5 % with an interval reaching ~1.01 after a minute or two. A
+    restart needs its lower end above 1.03; a live change, above 1.01 (``min_gain_live``), with its streak
+    counted on the K where the load runs (the table's rows at unvisited batch sizes move tick to tick)."""
+    phase = {"phases": [{"name": "c=1", "duration_s": 360, "concurrency": 1}]}
+    data = {"duration_s": 360, "load": phase}
+    rails = dict(tomllib.loads((SCENARIOS / "lab_phases.toml").read_text())["controller"]["guardrails"])
+    live = _first_change_s(bench_scenario("lab_phases", **data))
+    strict = _first_change_s(
+        bench_scenario("lab_phases", **data, controller={"guardrails": {**rails, "min_gain_live": rails["min_gain"]}})
+    )
+    assert live is not None and live <= 180, live
+    assert strict is None or strict >= live + 60, (live, strict)
