@@ -305,6 +305,35 @@ def test_a_change_the_stream_contradicts_is_undone_and_falls_back(
     assert act.plan({**DRAFT, "num_speculative_tokens": 3})[0] is None
 
 
+def test_the_step_in_flight_at_the_old_k_alone_does_not_make_a_change_fall_back(
+    rig: tuple[Any, StepFeed, LiveActuator, Recording],
+) -> None:
+    # vLLM drafts at the end of a step for the next: the step in flight when the table changed still
+    # verifies the old K. Seen alone (a sparse stream), it must not send a live change to a restart.
+    sched, feed, act, fallback = rig
+    act.verify_timeout_s = 0.5
+    old_k = sched.dynamic_sd_lookup[2]
+
+    def one_step_at_the_old_k() -> None:
+        while sched.dynamic_sd_lookup[2] == old_k:  # after the change, inside the actuator's watch
+            threading.Event().wait(0.005)
+        dp = tuple(2 if p < old_k else 0 for p in range(sched.num_spec_tokens))
+        k_max = sched.num_spec_tokens
+        spec = SpecCounters(drafts=2, draft_tokens=sum(dp), accepted_tokens=sum(dp), accepted_per_pos=dp,
+                            num_spec_tokens=k_max, draft_tokens_per_pos=dp, generated_tokens=2 + sum(dp))  # fmt: skip
+        feed.publish([StepRecord(datetime.now(UTC), KEY, 2, 0.01, spec)])
+
+    writer = threading.Thread(target=one_step_at_the_old_k, daemon=True)
+    writer.start()
+    result = act.apply({**DRAFT, "num_speculative_tokens": 2})
+    writer.join(timeout=5)
+    assert isinstance(result, LiveApplyResult)
+    assert result.ok and result.path == "live" and result.verified == "read_back", result.message
+    assert "the step stream is not conclusive yet" in result.message
+    assert fallback.applied == [] and sched.dynamic_sd_lookup[2] == 2
+    assert act.plan({**DRAFT, "num_speculative_tokens": 3})[0] is not None  # still trusted with live K
+
+
 def test_unreachable_channel_and_wrong_token_fall_back(
     rig: tuple[Any, StepFeed, LiveActuator, Recording], sock_path: Path
 ) -> None:

@@ -78,8 +78,8 @@ class DecisionContext:
     step_cost: StepCostModel | None = None
     step_cost_note: str | None = None
     step_cost_source: str = "fitted"  # "fitted", "pinned" or either "+ measured cells"
-    # candidate name → T(B, K) over step_cost's linear model with the cells measured under that draft (the
-    # running one included), for ranking drafts (tuner.controller.step_cost.candidate_step_costs)
+    # candidate name → T(B, K) over step_cost's linear model with the cells measured under that draft: the
+    # K a swap proposes it at (tuner.controller.step_cost.candidate_step_costs)
     candidate_step_cost: Mapping[str, StepCostModel] = field(default_factory=dict)
     running: DraftCandidate | None = None  # the candidate the engine runs now (None: speculation off)
     # For the draft-swap policy (set when swapping is on and candidates are configured):

@@ -73,9 +73,9 @@ def candidate_step_costs(
     min_steps: int,
 ) -> dict[str, StepCostModel]:
     """Candidate name → T(B, K) with the cells this engine measured while it ran that draft (within the
-    horizon), over ``target``'s linear model with the candidate's draft at its cost ratio — the model a swap
-    ranks it on (``policies.draft_choice``). Only candidates with a qualifying cell; the others are ranked
-    on the linear model alone.
+    horizon), over ``target``'s linear model with the candidate's draft at its cost ratio: the model a swap
+    picks the candidate's K on (``policies.draft_choice``; the ranking itself stays on the linear model).
+    Only candidates with a qualifying cell; the others get their K from the linear model too.
 
     Why: a linear T(B, K) misses what the engine measured (a per-sequence KV read, CPU quirks), and a swap
     that ranks a draft on it picks a K that the K policy, reading that draft's cells once it runs,
