@@ -305,25 +305,59 @@ def test_a_change_the_stream_contradicts_is_undone_and_falls_back(
     assert act.plan({**DRAFT, "num_speculative_tokens": 3})[0] is None
 
 
-def test_the_step_in_flight_at_the_old_k_alone_does_not_make_a_change_fall_back(
+def test_a_step_is_judged_at_the_batch_its_drafts_were_chosen_at(
     rig: tuple[Any, StepFeed, LiveActuator, Recording],
 ) -> None:
-    # vLLM drafts at the end of a step for the next: the step in flight when the table changed still
-    # verifies the old K. Seen alone (a sparse stream), it must not send a live change to a restart.
+    # vLLM looks K up at a step's batch size and drafts in that step; the next step verifies them. With the
+    # batch moving 16 ↔ 12 and a table that changes K at 12 only, a step at 12 verifies the K chosen at 16
+    # (unchanged) and a step at 16 the K chosen at 12 (new). Judged at their own batch sizes, the steps at
+    # 12 read as "the old K" and the change fell back to a restart (a live run, 5 Dec: 40 s lost).
+    sched, feed, act, fallback = rig
+    table = [[1, 12, 3], [13, 16, 5]]
+    stop = threading.Event()
+
+    def engine() -> None:
+        k_max, previous = sched.num_spec_tokens, 16
+        for i in range(10_000):
+            if stop.wait(0.01):
+                return
+            batch = 12 if i % 2 else 16
+            k = sched.dynamic_sd_lookup[previous]  # chosen at the previous step's batch
+            dp = tuple(previous if p < k else 0 for p in range(k_max))
+            spec = SpecCounters(drafts=previous, draft_tokens=sum(dp), accepted_tokens=sum(dp),
+                                accepted_per_pos=dp, num_spec_tokens=k_max, draft_tokens_per_pos=dp,
+                                generated_tokens=batch + sum(dp))  # fmt: skip
+            feed.publish([StepRecord(datetime.now(UTC), KEY, batch, 0.01, spec)])
+            previous = batch
+
+    writer = threading.Thread(target=engine, daemon=True)
+    writer.start()
+    try:
+        result = act.apply({**DRAFT, "num_speculative_tokens": 5, "num_speculative_tokens_per_batch_size": table})
+    finally:
+        stop.set()
+        writer.join(timeout=5)
+    assert isinstance(result, LiveApplyResult)
+    assert result.ok and result.path == "live" and result.verified == "stream", result.message
+    assert fallback.applied == [] and sched.dynamic_sd_lookup[12] == 3 and sched.dynamic_sd_lookup[16] == 5
+
+
+def test_one_step_at_the_old_k_is_not_enough_to_fall_back(rig: tuple[Any, StepFeed, LiveActuator, Recording]) -> None:
+    # A sparse stream: two steps at batch 2, the second verifying the old K though the new one was chosen
+    # at the first (the engine's fault, or a step in flight). One such step proves nothing.
     sched, feed, act, fallback = rig
     act.verify_timeout_s = 0.5
-    old_k = sched.dynamic_sd_lookup[2]
+    old_k, k_max = sched.dynamic_sd_lookup[2], sched.num_spec_tokens
 
-    def one_step_at_the_old_k() -> None:
+    def two_steps() -> None:
         while sched.dynamic_sd_lookup[2] == old_k:  # after the change, inside the actuator's watch
             threading.Event().wait(0.005)
-        dp = tuple(2 if p < old_k else 0 for p in range(sched.num_spec_tokens))
-        k_max = sched.num_spec_tokens
+        dp = tuple(2 if p < old_k else 0 for p in range(k_max))
         spec = SpecCounters(drafts=2, draft_tokens=sum(dp), accepted_tokens=sum(dp), accepted_per_pos=dp,
                             num_spec_tokens=k_max, draft_tokens_per_pos=dp, generated_tokens=2 + sum(dp))  # fmt: skip
-        feed.publish([StepRecord(datetime.now(UTC), KEY, 2, 0.01, spec)])
+        feed.publish([StepRecord(datetime.now(UTC), KEY, 2, 0.01, spec)] * 2)
 
-    writer = threading.Thread(target=one_step_at_the_old_k, daemon=True)
+    writer = threading.Thread(target=two_steps, daemon=True)
     writer.start()
     result = act.apply({**DRAFT, "num_speculative_tokens": 2})
     writer.join(timeout=5)

@@ -24,10 +24,11 @@ import logging
 import os
 import secrets
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from collectors.records import EngineKey
 from collectors.step_ingest import StepFeed, StepRecord, drafted_k
 from collectors.vllm_plugin import env as plugin_vars
 from collectors.vllm_plugin.client import ControlClient, ControlError
@@ -72,6 +73,8 @@ class _Evidence:
     informative: int = 0  # steps at a batch size whose K changed
     first_new_wall: float | None = None  # Unix time of the first step at the new K (the step's own timestamp)
     verified_at: float | None = None  # monotonic time the evidence was complete
+    # each engine's previous step's batch size: the K a step verifies was looked up at that one (below)
+    last_batch: dict[EngineKey, int] = field(default_factory=dict)
 
 
 class LiveActuator(Actuator):
@@ -282,7 +285,14 @@ class LiveActuator(Actuator):
 
     @staticmethod
     def _judge(ev: _Evidence, step: StepRecord, table: list[list[int]], old_table: list[list[int]], max_b: int) -> None:
-        b = min(max(step.batch_size, 1), max_b) if max_b else max(step.batch_size, 1)
+        # vLLM's scheduler looks K up at a step's batch size and drafts that many tokens in the step; the
+        # next step verifies them. So a step's drafted K belongs to the previous step's batch size (of the
+        # same engine): judged at its own, a step after requests finished (16 → 12) reads as the old K at 12.
+        proposed_at = ev.last_batch.get(step.key)
+        ev.last_batch[step.key] = step.batch_size
+        if proposed_at is None:
+            return  # the first step seen: the batch its drafts were chosen at is unknown
+        b = min(max(proposed_at, 1), max_b) if max_b else max(proposed_at, 1)
         new_k, old_k = k_for_batch(table, b), k_for_batch(old_table, b)
         if new_k is None or new_k == old_k:
             return  # this batch size's K did not change: the step says nothing about the change
