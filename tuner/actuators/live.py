@@ -230,8 +230,8 @@ class LiveActuator(Actuator):
         first_s = None if ev.first_new_wall is None else max(0.0, ev.first_new_wall - t0_wall)
         verified_s = None if ev.verified_at is None else ev.verified_at - t0
         verified = ev.verified_at is not None
-        # vLLM drafts at the end of a step for the next, so the step in flight when the table changed still
-        # verifies the old K: one such step proves nothing (a live run fell back to a 35 s restart on one)
+        # a fallback restarts the engine: one odd step (a stream the batch changes under, a step in flight when
+        # the table changed) must not send a change there; several old-K steps and no new one do
         if not verified and ev.old > self.min_evidence_steps and ev.new == 0:
             why = (
                 f"after the live change to {table}, {ev.old} step(s) still drafted the old K and none the new "
