@@ -26,6 +26,8 @@ errors. Targets (issue #19): ≥ 0.95, ≥ 1.0, worst phase ≥ 0.95.
 
     .venv/bin/python bench/bench_live.py                      # ~55 min on a quiet 2-core machine
     .venv/bin/python bench/bench_live.py --phase-s 20 --cell-s 3 --visits 1 --drafts good --out live_smoke
+    .venv/bin/python bench/bench_live.py --no-fixed --fixed-from bench/results/live.json --out live_rerun
+        # ~20 min: spectuner alone against an earlier run's cells (not side by side; the report says so)
 
 Writes ``bench/results/<out>.json``, ``<out>.md`` and ``<out>.png``.
 """
@@ -490,6 +492,10 @@ def markdown(doc: dict[str, Any]) -> str:
              f"{doc['cell_s']:.0f}-s cells × {doc['visits']} visits; ~{doc['max_tokens']} tokens per request; "
              f"load average {doc['load_average_before']} → {doc['load_average_after']}; "
              f"{doc['wall_s'] / 60:.1f} min.", ""]
+    if "from" in doc["fixed"]:
+        lines += [f"**Fixed configs from an earlier run** ({doc['fixed']['from_when']}, {doc['fixed']['from']}): "
+                  "spectuner was not measured side by side with them, so machine drift between the runs is in "
+                  "the ratios and their intervals do not cover it.", ""]
     if "targets" in s:
         lines += ["## Ratios (95 % intervals)", "", "| ratio | measured | interval | target | met |",
                   "|---|---|---|---|---|"]
@@ -587,6 +593,9 @@ def main() -> int:
     parser.add_argument("--models-dir", type=Path, default=REPO / GPU_LIKE_MODELS_DIR)
     parser.add_argument("--no-spectuner", action="store_true", help="only the fixed configs")
     parser.add_argument("--no-fixed", action="store_true", help="only spectuner (no ratios)")
+    parser.add_argument("--fixed-from", type=Path, default=None,
+                        help="with --no-fixed: ratios against the fixed cells of an earlier result file (not side "
+                             "by side: machine drift between the runs is not controlled; the report says so)")
     parser.add_argument("--keep-db", type=Path, default=None, help="copy spectuner's database here at the end")
     parser.add_argument("--out", default="live", help="result file stem under bench/results/")
     args = parser.parse_args()
@@ -594,6 +603,17 @@ def main() -> int:
         parser.error(f"no lab models in {args.models_dir}: run `make models-gpu` first")
     if args.start[0] not in args.drafts and not args.no_spectuner:
         parser.error(f"--drafts must include {args.start[0]} (spectuner's start and the reference config)")
+    if args.fixed_from is not None and not args.no_fixed:
+        parser.error("--fixed-from reuses an earlier run's fixed cells: give --no-fixed with it")
+    earlier: dict[str, Any] | None = None
+    if args.fixed_from is not None:
+        try:
+            earlier = json.loads(args.fixed_from.read_text())
+        except (OSError, ValueError) as exc:
+            parser.error(f"--fixed-from {args.fixed_from}: {exc}")
+        if not earlier.get("cells") or earlier.get("phase_s") != args.phase_s:
+            parser.error(f"--fixed-from {args.fixed_from}: no fixed cells, or phases of another length than "
+                         f"--phase-s {args.phase_s:.0f}; give a full run's result file")
     load_before = [round(x, 2) for x in os.getloadavg()]
     t0 = time.time()
     cells: list[dict[str, Any]] = []
@@ -606,6 +626,10 @@ def main() -> int:
             cells, fixed_info = run_fixed(args, workdir)
         if not args.no_spectuner:
             sp = run_spectuner(args, workdir)
+    if earlier is not None:
+        cells, fixed_info = earlier["cells"], {**earlier["fixed"], "from": str(args.fixed_from),
+                                               "from_when": earlier["when"]}
+        args.cell_s, args.visits = earlier["cell_s"], earlier["visits"]
     doc = {
         "when": datetime.now(UTC).isoformat(timespec="seconds"), "models_dir": str(args.models_dir),
         "phase_s": args.phase_s, "cell_s": args.cell_s, "visits": args.visits, "max_tokens": args.max_tokens,

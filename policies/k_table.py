@@ -16,7 +16,7 @@ from datetime import datetime
 from enum import StrEnum
 
 from policies.acceptance_model import AcceptanceModel
-from policies.choose_k import KChoiceSnapshot, KDecision, choose_k, evaluate_k
+from policies.choose_k import KChoiceSnapshot, KDecision, choose_k, evaluate_k, paired_gain_interval
 from policies.memory import DraftFootprint, MemoryBudget
 from policies.spec_config import KRow, k_at
 from policies.speedup import check_k
@@ -164,7 +164,34 @@ def _table_tokens(
     confidence: float,
 ) -> list[tuple[float, float, float]]:
     """Per table: Σ seconds · speedup over ``profile`` and the same at the ends of each window's interval."""
-    sums = [[0.0, 0.0, 0.0] for _ in tables]
+    return [
+        (t.point, t.ci[0], t.ci[1])
+        for t in _table_sums(now, acceptance, step_cost, tables, profile, max_batch_size, k_engine, confidence)
+    ]
+
+
+@dataclass(frozen=True)
+class _TableSum:
+    """Σ seconds · speedup over a profile: the point, its interval, the same at α's ends alone, and the
+    step-cost fit's log sd (seconds-weighted)."""
+
+    point: float
+    ci: tuple[float, float]
+    alpha_ends: tuple[float, float]
+    step_cost_log_sd: float
+
+
+def _table_sums(
+    now: datetime,
+    acceptance: AcceptanceModel,
+    step_cost: StepCostModel,
+    tables: Sequence[Sequence[KRow]],
+    profile: Sequence[tuple[float, float]],
+    max_batch_size: int,
+    k_engine: int,
+    confidence: float,
+) -> list[_TableSum]:
+    sums = [[0.0] * 6 for _ in tables]
     # an hour of 10 s windows holds a few distinct batch sizes: evaluate each once, weighted by its seconds
     seconds_at: dict[int, float] = {}
     for dur, running in profile:
@@ -182,10 +209,10 @@ def _table_tokens(
         )
         for acc, rows in zip(sums, tables, strict=True):
             o = evaluate_k(snap, k_at(rows, b))
-            acc[0] += dur * o.speedup
-            acc[1] += dur * o.speedup_ci[0]
-            acc[2] += dur * o.speedup_ci[1]
-    return [(t, lo, hi) for t, lo, hi in sums]
+            a_lo, a_hi = o.alpha_ends
+            for i, v in enumerate((o.speedup, *o.speedup_ci, a_lo, a_hi, o.speedup * o.step_cost_log_sd)):
+                acc[i] += dur * v
+    return [_TableSum(t, (lo, hi), (a_lo, a_hi), sd / t if t > 0 else 0.0) for t, lo, hi, a_lo, a_hi, sd in sums]
 
 
 def table_gain_over_load(
@@ -202,12 +229,18 @@ def table_gain_over_load(
     """Σ seconds · speedup(K of each table at the window's batch size) over ``profile`` ((seconds, requests
     running) per window), new over old. Both tables keep the draft loaded (a row's K = 0 still pays a draft
     model's pass when ``step_cost`` says so). None when the profile holds nothing to judge on."""
-    (new, new_lo, new_hi), (old, old_lo, old_hi) = _table_tokens(
+    new, old = _table_sums(
         now, acceptance, step_cost, (new_rows, old_rows), profile, max_batch_size, k_engine, confidence
     )
-    if old <= 0 or old_lo <= 0:
+    if old.point <= 0 or old.ci[0] <= 0:
         return None
-    return TableGain(new / old, (new_lo / old_hi, new_hi / old_lo))
+    # both tables are predicted from the same α: compare them at the same end of its interval
+    ci = paired_gain_interval(
+        (new.point, new.alpha_ends, new.step_cost_log_sd),
+        (old.point, old.alpha_ends, old.step_cost_log_sd),
+        confidence,
+    )
+    return TableGain(new.point / old.point, ci)
 
 
 def off_gain_over_load(

@@ -416,6 +416,13 @@ class MaintenanceWindow(_Section):
 
 class GuardrailsSection(_Section):
     min_drafts: int = Field(default=200, ge=0, description="drafts of evidence before any change")
+    min_drafts_live: int = Field(
+        default=50,
+        ge=0,
+        description="min_drafts for a change that does not interrupt serving: a wrong one costs one verification "
+        "window at a worse K, then it is rolled back, so it may act on less evidence; drafts count as independent "
+        "trials only up to the windows' over-dispersion in both; set it to min_drafts to treat every change alike",
+    )
     min_evidence_s: float = Field(default=60.0, ge=0, description="seconds of windows before any change")
     min_gain: float = Field(default=0.03, ge=0, description="lower end of the predicted gain must beat 1 + this")
     min_gain_live: float = Field(

@@ -123,8 +123,11 @@ def check_known_bad(s: GuardrailsSection, st: ControllerState, p: Proposal, now:
 
 def check_evidence(s: GuardrailsSection, st: ControllerState, p: Proposal, now: datetime) -> Block | None:
     missing = []  # name only what is short: "2000 drafts ... needs 200 drafts" read as a contradiction
-    if p.drafts < s.min_drafts:
-        missing.append(f"{p.drafts} drafts of the {s.min_drafts} needed")
+    # A change that keeps serving is verified and rolled back at the cost of one window: a smaller bar
+    need = s.min_drafts if p.needs_restart else min(s.min_drafts_live, s.min_drafts)
+    if p.drafts < need:
+        live = "" if p.needs_restart else " for a change that does not interrupt serving"
+        missing.append(f"{p.drafts} drafts of the {need} needed{live}")
     if p.evidence_s < s.min_evidence_s:
         missing.append(f"{p.evidence_s:.0f} s of the {s.min_evidence_s:.0f} s of evidence needed")
     if missing:

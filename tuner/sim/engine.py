@@ -16,8 +16,9 @@ The model, per window of length Δ at time t (its midpoint):
 - K = 0: G = steps · B and no spec counters (vLLM has no spec-decode series then).
 
 α(t) is the draft's schedule (or constant α) times the load phase's ``alpha_scale`` plus a per-window
-jitter (the prompt mix). Load, jitter and step noise are functions of time drawn once from the
-scenario's seed, so every policy sees the same world; only the acceptance draws depend on the run.
+jitter (the prompt mix: ``alpha_jitter_sd``, and ``alpha_request_sd`` over √(requests the window saw)).
+Load, jitter and step noise are functions of time drawn once from the scenario's seed, so every policy
+sees the same world; only the acceptance draws depend on the run.
 """
 
 from __future__ import annotations
@@ -165,8 +166,11 @@ class SimEngine:
         return self._phase_scale[draft][self._phase(tt)]
 
     # -- acceptance ----------------------------------------------------------------------------
-    def alpha(self, draft: str, t: ArrayLike, jitter: bool = False) -> NDArray[np.float64]:
-        """α of ``draft`` at time(s) t: schedule × the load's difficulty (+ the window's jitter)."""
+    def alpha(
+        self, draft: str, t: ArrayLike, jitter: bool = False, requests: NDArray[np.float64] | None = None
+    ) -> NDArray[np.float64]:
+        """α of ``draft`` at time(s) t: schedule × the load's difficulty (+ the window's jitter, and the
+        spread between requests averaged over the ``requests`` each window saw)."""
         d = self.drafts[draft]
         tt = np.asarray(t, dtype=float)
         if d.alpha_schedule is None:
@@ -174,8 +178,11 @@ class SimEngine:
         else:
             base = np.interp(tt, [p[0] for p in d.alpha_schedule], [p[1] for p in d.alpha_schedule])
         a = base * self.alpha_scale(draft, tt)
-        if jitter and d.alpha_jitter_sd > 0:
-            a = a + d.alpha_jitter_sd * self._jitter[self._slot(tt)]
+        sd = np.full(tt.shape, d.alpha_jitter_sd)
+        if requests is not None and d.alpha_request_sd > 0:
+            sd = np.sqrt(sd**2 + d.alpha_request_sd**2 / np.maximum(requests, 1.0))
+        if jitter and np.any(sd > 0):
+            a = a + sd * self._jitter[self._slot(tt)]
         return np.clip(a, 0.0, _MAX_ALPHA)
 
     def survival(self, cfg: SimConfig, alpha: NDArray[np.float64], k: NDArray[np.int64]) -> NDArray[np.float64]:
@@ -305,7 +312,9 @@ class SimEngine:
                 for s0, s1, n, bb, w, st, u in zip(starts_s, ends_s, drafts, b, waiting, step_s, usage, strict=True)
             ]
         ks = cfg.k_at(b)
-        survive = self.survival(cfg, self.alpha(str(cfg.draft), t, jitter=True), ks)
+        # the requests a window saw: those running, plus those that finished (at the expected rate)
+        requests = b + duration * b * self.expected_tokens(cfg, t) / step_s / self.scenario.load.output_tokens
+        survive = self.survival(cfg, self.alpha(str(cfg.draft), t, jitter=True, requests=requests), ks)
         p = np.clip(survive - np.concatenate([survive[:, 1:], np.zeros((len(t), 1))], axis=1), 0.0, 1.0)
         counts = rng.multinomial(drafts, p / p.sum(axis=1, keepdims=True))  # drafts accepting exactly 0..K
         at_least = np.cumsum(counts[:, ::-1], axis=1)[:, ::-1]  # drafts accepting ≥ j, j = 0..K

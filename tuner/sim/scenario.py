@@ -104,6 +104,13 @@ class DraftSection(_Section):
     )
     position_decay: float = Field(default=0.0, ge=0, lt=1)
     alpha_jitter_sd: float = Field(default=0.0, ge=0, lt=0.5, description="per-window noise on α (prompt mix)")
+    alpha_request_sd: float = Field(
+        default=0.0,
+        ge=0,
+        lt=0.5,
+        description="spread of α between requests (the prompts): a window's α varies by this over √(requests "
+        "the window saw), so windows at one stream scatter more than at 64, as on a live engine",
+    )
     alpha_schedule: list[tuple[float, float]] | None = Field(
         default=None, description="[[time_s, alpha], ...]: α over time, linear between points (overrides alpha)"
     )

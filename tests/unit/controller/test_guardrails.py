@@ -87,6 +87,25 @@ def test_the_evidence_message_names_only_what_is_missing() -> None:
     assert both is not None and "50 drafts of the 200 needed and 30 s of the 60 s" in both.message
 
 
+def test_a_change_that_keeps_serving_needs_less_evidence() -> None:
+    # min_drafts_live (50 by default): a wrong live change costs one verification window, then rolls back
+    assert SETTINGS.min_drafts_live == 50
+    restart = check_evidence(SETTINGS, STATE, replace(GOOD, drafts=120), T0)
+    assert restart is not None and "120 drafts of the 200 needed (have" in restart.message
+    assert check_evidence(SETTINGS, STATE, replace(GOOD, drafts=120, needs_restart=False), T0) is None
+    short = check_evidence(SETTINGS, STATE, replace(GOOD, drafts=49, needs_restart=False), T0)
+    assert short is not None and "49 drafts of the 50 needed for a change that does not interrupt serving" in (
+        short.message
+    )
+    # never more than min_drafts, and equal bars treat every change alike
+    loose = SETTINGS.model_copy(update={"min_drafts": 20})
+    assert check_evidence(loose, STATE, replace(GOOD, drafts=20, needs_restart=False), T0) is None
+    strict = SETTINGS.model_copy(update={"min_drafts_live": 200})
+    assert check_evidence(strict, STATE, replace(GOOD, drafts=120, needs_restart=False), T0) is not None
+    # the time bar is the same for both
+    assert check_evidence(SETTINGS, STATE, replace(GOOD, evidence_s=30, needs_restart=False), T0) is not None
+
+
 def test_gain_uses_the_lower_end_of_the_interval() -> None:
     # A big point estimate with an interval reaching below 1.03 is not enough.
     block = check_gain(SETTINGS, STATE, replace(GOOD, predicted_gain=1.5, predicted_gain_ci=(1.02, 2.0)), T0)

@@ -259,3 +259,23 @@ def test_the_engine_reports_its_kv_pool_and_usage_and_they_give_back_its_caps() 
     assert engine_of().cache_config(OFF) is None  # no [engine.memory]: nothing to report
     (window,) = engine_of().windows(OFF, np.array([0.0]), np.array([10.0]), np.random.default_rng(0))
     assert window.kv_usage is None
+
+
+def test_a_requests_alpha_spread_averages_over_the_requests_a_window_saw() -> None:
+    # alpha_request_sd: a window's α moves by sd/√n, n = requests running + those finished in it, so windows
+    # at one stream scatter like a live engine's and those at 64 streams far less.
+    def window_alphas(concurrency: int, request_sd: float) -> np.ndarray:
+        draft = {"name": "d", "cost_ratio": 0.08, "alpha": 0.7, "alpha_request_sd": request_sd}
+        engine = engine_of(drafts=[draft], load={"kind": "constant", "concurrency": concurrency, "output_tokens": 64})
+        starts = 2.0 * np.arange(1000, dtype=np.float64)
+        windows = engine.windows(SimConfig("d", 1), starts, starts + 2.0, np.random.default_rng(3))
+        return np.array([w.spec.accepted_tokens / w.spec.draft_tokens for w in windows if w.spec is not None])
+
+    # one stream: a step of ~27 ms, 1.7 tokens a step, so ~1 running + ~2 finished requests in 2 s
+    excess_one = window_alphas(1, 0.1).var() - window_alphas(1, 0.0).var()
+    assert excess_one == pytest.approx(0.1**2 / 2.95, rel=0.3)
+    # 64 streams: 64 running + ~84 finished
+    excess_many = window_alphas(64, 0.1).var() - window_alphas(64, 0.0).var()
+    assert excess_many < excess_one / 10
+    one = window_alphas(1, 0.1)
+    assert abs(one.mean() - 0.7) < 0.01  # spread, not bias

@@ -1,0 +1,51 @@
+"""bench_live's --fixed-from: spectuner's rerun reported against an earlier run's fixed cells, said so."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+import bench.bench_live as bench_live
+
+EARLIER = Path(__file__).resolve().parents[3] / "bench" / "results" / "live.json"
+
+
+def run(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, *argv: str) -> int:
+    models = tmp_path / "models"
+    models.mkdir(exist_ok=True)
+    (models / "manifest.json").write_text("{}")
+    monkeypatch.setattr(bench_live, "RESULTS", tmp_path / "results")
+    monkeypatch.setattr(sys, "argv", ["bench_live.py", "--models-dir", str(models), *argv])
+    return bench_live.main()
+
+
+def test_an_earlier_runs_cells_give_the_same_summary_and_the_report_says_they_are_not_side_by_side(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    earlier = json.loads(EARLIER.read_text())
+    assert run(monkeypatch, tmp_path, "--no-fixed", "--no-spectuner", "--fixed-from", str(EARLIER), "--out", "t") == 0
+    doc = json.loads((tmp_path / "results" / "t.json").read_text())
+    assert doc["fixed"]["from_when"] == earlier["when"] and doc["cells"] == earlier["cells"]
+    # no spectuner run here: the fixed configs' summary is the earlier run's
+    assert doc["summary"]["fixed_mean_rate"] == earlier["summary"]["fixed_mean_rate"]
+    assert doc["cell_s"] == earlier["cell_s"] and doc["visits"] == earlier["visits"]
+    assert "Fixed configs from an earlier run" in (tmp_path / "results" / "t.md").read_text()
+
+
+def test_fixed_cells_from_elsewhere_are_refused_when_they_cannot_apply(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        run(monkeypatch, tmp_path, "--fixed-from", str(EARLIER))  # would measure its own cells too
+    assert exc.value.code == 2 and "give --no-fixed with it" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        run(monkeypatch, tmp_path, "--no-fixed", "--fixed-from", str(EARLIER), "--phase-s", "60")
+    assert exc.value.code == 2 and "phases of another length" in capsys.readouterr().err
+    broken = tmp_path / "broken.json"
+    broken.write_text("{not json")
+    with pytest.raises(SystemExit) as exc:
+        run(monkeypatch, tmp_path, "--no-fixed", "--fixed-from", str(broken))
+    assert exc.value.code == 2 and "broken.json" in capsys.readouterr().err
