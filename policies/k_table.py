@@ -153,23 +153,6 @@ class TableGain:
     interval: tuple[float, float]
 
 
-def _table_tokens(
-    now: datetime,
-    acceptance: AcceptanceModel,
-    step_cost: StepCostModel,
-    tables: Sequence[Sequence[KRow]],
-    profile: Sequence[tuple[float, float]],
-    max_batch_size: int,
-    k_engine: int,
-    confidence: float,
-) -> list[tuple[float, float, float]]:
-    """Per table: Σ seconds · speedup over ``profile`` and the same at the ends of each window's interval."""
-    return [
-        (t.point, t.ci[0], t.ci[1])
-        for t in _table_sums(now, acceptance, step_cost, tables, profile, max_batch_size, k_engine, confidence)
-    ]
-
-
 @dataclass(frozen=True)
 class _TableSum:
     """Σ seconds · speedup over a profile: the point, its interval, the same at α's ends alone, and the
@@ -191,6 +174,7 @@ def _table_sums(
     k_engine: int,
     confidence: float,
 ) -> list[_TableSum]:
+    """Per table: Σ seconds · speedup over ``profile``, and the same at the ends of each window's interval."""
     sums = [[0.0] * 6 for _ in tables]
     # an hour of 10 s windows holds a few distinct batch sizes: evaluate each once, weighted by its seconds
     seconds_at: dict[int, float] = {}
@@ -257,9 +241,8 @@ def off_gain_over_load(
     ``profile``: what dropping the draft wins where even the table's K = 0 rows pay its pass, and its
     K = 1 rows verify twice the tokens. None when the profile holds nothing to judge on."""
     seconds = sum(dur for dur, _ in profile)
-    ((table, lo, hi),) = _table_tokens(
-        now, acceptance, step_cost, (rows,), profile, max_batch_size, k_engine, confidence
-    )
+    (table_sum,) = _table_sums(now, acceptance, step_cost, (rows,), profile, max_batch_size, k_engine, confidence)
+    table, (lo, hi) = table_sum.point, table_sum.ci
     if seconds <= 0 or table <= 0 or lo <= 0:
         return None
     return TableGain(seconds / table, (seconds / hi, seconds / lo))
