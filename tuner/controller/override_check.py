@@ -44,9 +44,11 @@ def validate_spec_config(config: Any, k_max: int | None) -> dict[str, Any]:
             "(or a *_mtp variant)"
         )
     if method == "off":
-        extra = sorted(set(config) - {"method"})
+        # K = 0 is allowed: it is how spectuner writes "off" itself (a canary's promotion order carries it)
+        zero_k = type(config.get(K_KEY)) is int and config[K_KEY] == 0
+        extra = sorted(key for key in set(config) - {"method"} if not (key == K_KEY and zero_k))
         if extra:
-            raise ValueError(f'method "off" takes no other keys; drop {", ".join(extra)}')
+            raise ValueError(f'method "off" takes no other keys (but {K_KEY} = 0); drop {", ".join(extra)}')
         return dict(config)
     k = config.get(K_KEY)
     if isinstance(k, bool) or not isinstance(k, int) or k < 0:

@@ -8,6 +8,7 @@ import pytest
 
 from policies.draft_choice import DraftCandidate
 from policies.memory import MemoryBudget
+from policies.spec_config import OFF
 from tuner.controller.override_check import KNOWN_KEYS, check_override, validate_spec_config
 
 pytestmark = pytest.mark.unit
@@ -28,6 +29,9 @@ def test_known_keys_are_vllms_own() -> None:
     ("spec", "needle"),
     [
         ({"method": "ngram", "num_speculative_tokens": 1000}, "above 64"),
+        ({"method": "off", "num_speculative_tokens": 3}, 'method "off" takes no other keys'),
+        ({"method": "off", "num_speculative_tokens": False}, "drop num_speculative_tokens"),
+        ({"method": "off", "model": "/models/small"}, "drop model"),
         ({"method": "ngram", "num_speculative_tokens": 9}, "K_max 8"),
         ({"method": "ngram", "num_speculative_tokens": 2, "evil": 1}, "'evil'"),
         ({"method": "ngram", "num_speculative_tokens": 2, "draft_model_config": {}}, "draft_model_config"),
@@ -58,6 +62,7 @@ def test_bad_overrides_are_refused_with_a_reason(spec: dict[str, object], needle
     "spec",
     [
         {"method": "off"},
+        OFF.to_vllm(),  # how spectuner writes "off" (a canary's promotion order to the untouched replicas)
         {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4},
         {"method": "suffix", "num_speculative_tokens": 8},
         {"method": "draft_model", "model": "/models/small", "num_speculative_tokens": 4},
