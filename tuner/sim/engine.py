@@ -312,8 +312,13 @@ class SimEngine:
                 for s0, s1, n, bb, w, st, u in zip(starts_s, ends_s, drafts, b, waiting, step_s, usage, strict=True)
             ]
         ks = cfg.k_at(b)
-        # the requests a window saw: those running, plus those that finished (at the expected rate)
-        requests = b + duration * b * self.expected_tokens(cfg, t) / step_s / self.scenario.load.output_tokens
+        # the requests a window saw: those running, plus those that finished (at the expected rate); only
+        # a draft with a spread between requests needs them (this is the simulator's hot path)
+        requests = (
+            b + duration * b * self.expected_tokens(cfg, t) / step_s / self.scenario.load.output_tokens
+            if self.drafts[str(cfg.draft)].alpha_request_sd > 0
+            else None
+        )
         survive = self.survival(cfg, self.alpha(str(cfg.draft), t, jitter=True, requests=requests), ks)
         p = np.clip(survive - np.concatenate([survive[:, 1:], np.zeros((len(t), 1))], axis=1), 0.0, 1.0)
         counts = rng.multinomial(drafts, p / p.sum(axis=1, keepdims=True))  # drafts accepting exactly 0..K
