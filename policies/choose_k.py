@@ -89,37 +89,6 @@ class KOption:
     speedup_ci: tuple[float, float]
     fits_memory: bool
     memory_message: str = ""
-    step_cost_log_sd: float = 0.0  # the step-cost fit's share of speedup_ci (log scale); 0: α alone
-
-    @property
-    def alpha_ends(self) -> tuple[float, float]:
-        """The speedup at the ends of α's interval alone (the step cost taken as known)."""
-        e = self.expected_tokens_per_step
-        if e <= 0:
-            return self.speedup_ci
-        lo, hi = self.expected_tokens_ci
-        return (self.speedup * lo / e, self.speedup * hi / e)
-
-
-def paired_gain_interval(
-    new: tuple[float, tuple[float, float], float],
-    old: tuple[float, tuple[float, float], float],
-    confidence: float,
-) -> tuple[float, float]:
-    """The interval of new ÷ old when both are predicted from the same α: each is (point, its value at the
-    ends of α's interval, the step-cost fit's log sd). Dividing opposite ends would pretend α could be low
-    for one and high for the other at once (a gain of 1.06 read as 0.94–1.15); at the same end α's
-    uncertainty largely cancels. The step-cost parts add (T(B, 0) cancels; the two configs' fitted costs
-    may err apart)."""
-    (n, (n_lo, n_hi), n_sd), (o, (o_lo, o_hi), o_sd) = new, old
-    gain = n / o
-    ends = (n_lo / o_lo, n_hi / o_hi) if o_lo > 0 and o_hi > 0 else (gain, gain)
-    if n_sd + o_sd <= 0.0:
-        return (min(gain, *ends), max(gain, *ends))
-    z = NormalDist().inv_cdf(0.5 + confidence / 2.0)
-    sd_alpha = abs(math.log(max(ends[1], 1e-12)) - math.log(max(ends[0], 1e-12))) / (2.0 * z)
-    sd = math.hypot(sd_alpha, n_sd + o_sd)
-    return (gain * math.exp(-z * sd), gain * math.exp(z * sd))
 
 
 @dataclass(frozen=True)
@@ -170,7 +139,7 @@ def evaluate_k(snapshot: KChoiceSnapshot, k: int) -> KOption:
     if snapshot.draft is not None and snapshot.memory is not None:
         check = check_memory(snapshot.draft, k, b, snapshot.memory)
         fits, note = check.fits, check.message
-    return KOption(k, e, (e_lo, e_hi), t_k, b * e / t_k, speedup, ci, fits, note, sd_t)
+    return KOption(k, e, (e_lo, e_hi), t_k, b * e / t_k, speedup, ci, fits, note)
 
 
 def choose_k(snapshot: KChoiceSnapshot) -> KDecision:
@@ -216,10 +185,9 @@ def choose_k(snapshot: KChoiceSnapshot) -> KDecision:
     if snapshot.current_k is not None and snapshot.current_k <= snapshot.k_max:
         cur = options[snapshot.current_k]
         gain = best.speedup / cur.speedup
-        # Opposite ends, although both share α: a single K is applied by a restart on most engines, and this
-        # wider interval stands in for the step cost's model error, which it does not carry (paired ends
-        # let 2-3 % predicted gains restart K = 3 → 5 and back on the simulator's GPU scenarios). A K
-        # table's gain is paired (policies.k_table.table_gain_over_load).
+        # Opposite ends, although both share α: the wider interval stands in for the step cost's model
+        # error, which it does not carry (paired ends let 2-3 % predicted gains restart K = 3 → 5 and back
+        # on the simulator's GPU scenarios, and live K tables change more often for no measured gain).
         gain_ci = (best.speedup_ci[0] / cur.speedup_ci[1], best.speedup_ci[1] / cur.speedup_ci[0])
     return KDecision(
         k=best.k,

@@ -13,14 +13,7 @@ from hypothesis import strategies as st
 
 from bench.research.simulate import accepted_per_draft
 from policies.acceptance_model import ConstantAlphaModel
-from policies.choose_k import (
-    KChoiceSnapshot,
-    KReason,
-    choose_k,
-    goodput_over_load,
-    load_bins,
-    paired_gain_interval,
-)
+from policies.choose_k import KChoiceSnapshot, KReason, choose_k, goodput_over_load, load_bins
 from policies.k_table import (
     AcceptanceBucket,
     KTableReason,
@@ -28,7 +21,6 @@ from policies.k_table import (
     k_table,
     merge_ranges,
     off_gain_over_load,
-    table_gain_over_load,
 )
 from policies.memory import DraftFootprint, MemoryBudget, check_memory
 from policies.speedup import (
@@ -113,68 +105,6 @@ def test_uncertain_alpha_gives_a_speedup_interval_and_gain_vs_current() -> None:
     assert decision.gain_vs_current is not None and decision.gain_vs_current > 1.0
     assert decision.gain_vs_current_ci is not None
     assert decision.gain_vs_current_ci[0] < decision.gain_vs_current < decision.gain_vs_current_ci[1]
-
-
-@pytest.mark.parametrize(
-    ("alpha", "half", "batch", "k_now"), [(0.93, 0.01, 1, 3), (0.75, 0.05, 1, 2), (0.6, 0.1, 16, 4)]
-)
-def test_a_paired_gain_compares_two_ks_at_the_same_alpha(alpha: float, half: float, batch: int, k_now: int) -> None:
-    # Both K are predicted from the one α: its interval's ends move them together. Dividing opposite ends
-    # read K = 3 → 5 at α 0.93 ± 0.01 as 0.94–1.15× and held a sure 6 % gain for minutes.
-    model = ConstantAlphaModel(alpha, alpha - half, alpha + half)
-    cost = StepCostModel.from_cost_ratio(0.15)
-    decision = choose_k(KChoiceSnapshot(NOW, model, cost, batch, 8, current_k=k_now))
-    best, cur = decision.by_k[decision.k], decision.by_k[k_now]
-    assert decision.k != k_now and decision.gain_vs_current is not None
-    lo, hi = paired_gain_interval(
-        (best.speedup, best.alpha_ends, best.step_cost_log_sd),
-        (cur.speedup, cur.alpha_ends, cur.step_cost_log_sd),
-        0.95,
-    )
-    # a single K's own gain interval stays at opposite ends (it stands in for the step cost's model error)
-    assert decision.gain_vs_current_ci is not None
-    assert decision.gain_vs_current_ci[0] < lo <= decision.gain_vs_current <= hi < decision.gain_vs_current_ci[1]
-    # it covers the gain at every α of the interval (exact: only α is uncertain here)
-    ratios = []
-    for a in np.linspace(alpha - half, alpha + half, 21):
-        by_k = choose_k(KChoiceSnapshot(NOW, ConstantAlphaModel.exact(a), cost, batch, 8)).by_k
-        ratios.append(by_k[decision.k].speedup / by_k[k_now].speedup)
-    assert lo == pytest.approx(min(ratios), rel=1e-9) and hi == pytest.approx(max(ratios), rel=1e-9)
-
-
-def test_a_paired_gain_keeps_the_step_cost_fits_uncertainty() -> None:
-    fuzzy = StepCostModel(
-        0.01, 0.0, 0.0005, 0.0, covariance=tuple(tuple(float(x) for x in r) for r in np.diag([1e-7, 0, 1e-9, 0]))
-    )
-    model = ConstantAlphaModel(0.75, 0.74, 0.76)
-
-    def paired(cost: StepCostModel) -> tuple[float, float]:
-        by_k = choose_k(KChoiceSnapshot(NOW, model, cost, 1, 8)).by_k
-        new, old = by_k[4], by_k[1]
-        return paired_gain_interval(
-            (new.speedup, new.alpha_ends, new.step_cost_log_sd),
-            (old.speedup, old.alpha_ends, old.step_cost_log_sd),
-            0.95,
-        )
-
-    exact, fitted = paired(StepCostModel(0.01, 0.0, 0.0005, 0.0)), paired(fuzzy)
-    assert fitted[0] < exact[0] and fitted[1] > exact[1]
-
-
-def test_a_tables_gain_compares_both_tables_at_the_same_alpha() -> None:
-    model = ConstantAlphaModel(0.93, 0.92, 0.94)
-    cost = StepCostModel.from_cost_ratio(0.15)
-    profile = [(2.0, 1.0)] * 30
-    gain = table_gain_over_load(NOW, model, cost, [(1, 64, 5)], [(1, 64, 3)], profile, 64, 5)
-    assert gain is not None
-    lo, hi = gain.interval
-    at = [
-        table_gain_over_load(NOW, ConstantAlphaModel.exact(a), cost, [(1, 64, 5)], [(1, 64, 3)], profile, 64, 5)
-        for a in (0.92, 0.94)
-    ]
-    assert lo == pytest.approx(min(g.gain for g in at if g), rel=1e-9)
-    assert hi == pytest.approx(max(g.gain for g in at if g), rel=1e-9)
-    assert 1.03 < lo < gain.gain < hi
 
 
 def test_fitted_cost_model_uncertainty_widens_the_interval() -> None:
