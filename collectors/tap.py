@@ -41,7 +41,7 @@ from collectors.request_metrics import (
     record_from_json_body,
 )
 from collectors.scrape import utc_now
-from collectors.traffic_record import TrafficRecorder
+from collectors.traffic_record import StreamCopy, TrafficRecorder
 from collectors.upstream import UpstreamResponse, UpstreamTransport
 
 logger = logging.getLogger(__name__)
@@ -318,8 +318,27 @@ class TapProxy:
                 self.traffic.observe(body, content)  # a draw and a queue put; the recorder's thread does the rest
             return False
 
+        # A sampled stream is drawn before it starts and copied as it passes, so the traffic record
+        # sees streamed traffic too (most production traffic), at the cost of one bounded copy.
+        copy = (
+            StreamCopy()
+            if self.traffic is not None
+            and status == 200
+            and encoding in (None, b"identity")
+            and is_recorded_path(method, path)
+            and self.traffic.draw()
+            else None
+        )
         tail = StreamTail() if record else None
-        finished, broken = await self._relay(upstream, response_headers, receive, send, tail, upstream_url)
+        finished, broken = await self._relay(upstream, response_headers, receive, send, tail, upstream_url, copy)
+        if copy is not None and self.traffic is not None:
+            if finished is None:
+                self.traffic.skip("incomplete_stream")
+            elif copy.overflowed:
+                self.traffic.skip("stream_too_large")
+            else:
+                sse = content_type is not None and b"text/event-stream" in content_type
+                self.traffic.enqueue(body, copy.body(), sse=sse)  # a large unsized JSON body is not SSE
         if tail is None:
             return broken
         if finished is None:
@@ -337,6 +356,7 @@ class TapProxy:
         send: Send,
         tail: StreamTail | None,
         upstream_url: str,
+        copy: StreamCopy | None = None,
     ) -> tuple[float | None, bool]:
         """Pass a streamed body on chunk by chunk: (the time it ended or None if it did not, whether
         the upstream broke it off).
@@ -363,6 +383,8 @@ class TapProxy:
             async for chunk in upstream.aiter_raw():
                 if tail is not None:
                     tail.feed(chunk)
+                if copy is not None:
+                    copy.feed(chunk)
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             state["streaming"] = False
             ended = time.perf_counter()

@@ -6,10 +6,15 @@ dropped first and counted), expires (``retention_s``), lives in its own director
 metrics database, so database backups and the exporters never carry it) and is deleted by one
 command (``spectuner shadow forget``).
 
-The tap calls :meth:`TrafficRecorder.observe` once per completed, non-streamed completion exchange,
-after the client has its last byte. ``observe`` only draws the sample and queues the raw bodies
-(bounded queue, a full queue drops and counts); a background thread parses, tokenises and writes,
-so recording never sits on the request path.
+The tap calls :meth:`TrafficRecorder.observe` once per completed completion exchange, after the
+client has its last byte. ``observe`` only draws the sample and queues the raw bodies (bounded queue,
+a full queue drops and counts); a background thread parses, tokenises and writes, so recording never
+sits on the request path. A streamed exchange is drawn before it starts (:meth:`TrafficRecorder.draw`)
+and, when drawn, copied chunk by chunk (:class:`StreamCopy`, bounded) and queued whole at its end
+(:meth:`TrafficRecorder.enqueue` with ``sse=True``); the thread folds its server-sent events into the
+non-streamed response's shape (:func:`merge_sse_stream`), so a streamed and a non-streamed answer to the
+same request give the same sample. Most production traffic is streamed: without this the record would
+hold only the minority that is not.
 
 Token IDs come from the response when the client asked vLLM for them (``return_token_ids``), else
 the text is tokenised with the target's ``tokenizer.json`` (the ``tokenizers`` library, not the
@@ -29,6 +34,7 @@ import logging
 import os
 import queue
 import random
+import re
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -111,14 +117,112 @@ class NotRecordable(ValueError):
         super().__init__(message)
 
 
+# A sampled stream is copied up to this size; a longer one (long outputs with logprobs) is not recorded.
+STREAM_COPY_LIMIT_BYTES = 8 * 1024 * 1024
+
+
+class StreamCopy:
+    """The bytes of one sampled streamed response, kept while the tap relays it; past ``limit_bytes``
+    the copy is dropped (``overflowed``) rather than holding an unbounded body in memory."""
+
+    __slots__ = ("_parts", "_size", "limit_bytes", "overflowed")
+
+    def __init__(self, limit_bytes: int = STREAM_COPY_LIMIT_BYTES) -> None:
+        self._parts: list[bytes] = []
+        self._size = 0
+        self.limit_bytes = limit_bytes
+        self.overflowed = False
+
+    def feed(self, chunk: bytes) -> None:
+        if self.overflowed:
+            return
+        self._size += len(chunk)
+        if self._size > self.limit_bytes:
+            self.overflowed = True
+            self._parts = []
+            return
+        self._parts.append(chunk)
+
+    def body(self) -> bytes:
+        return b"".join(self._parts)
+
+
+def merge_sse_stream(body: bytes) -> dict[str, Any]:
+    """An OpenAI-style server-sent event stream (completions or chat) folded into the non-streamed
+    response's shape for its first choice: the text (a chat delta's ``content``) and ``token_ids``
+    joined in order, ``prompt_token_ids`` from the chunk that carried them (vLLM sends them once, with
+    ``return_token_ids``). Output IDs are kept only when every chunk that carried text carried them too.
+    ``NotRecordable`` when the stream holds no chunk, a chunk that is not JSON, or an error event."""
+    events: list[dict[str, Any]] = []
+    for block in re.split(rb"\r?\n\r?\n", body):
+        data = [line[5:].removeprefix(b" ") for line in block.splitlines() if line.startswith(b"data:")]
+        if not data:
+            continue  # comments, keep-alives, other fields
+        payload = b"\n".join(data)
+        if payload.strip() == b"[DONE]":
+            continue
+        try:
+            event = json.loads(payload)
+        except ValueError as exc:
+            raise NotRecordable("bad_json", f"a stream event is not JSON ({exc})") from exc
+        if not isinstance(event, dict):
+            raise NotRecordable("bad_json", "a stream event is not a JSON object")
+        if "error" in event:
+            raise NotRecordable("stream_error", f"the stream carried an error event: {str(event['error'])[:200]}")
+        events.append(event)
+    text: list[str] = []
+    output_ids: list[int] = []
+    saw_ids = saw_choice = logprobs = False
+    ids_complete = True
+    prompt_ids: Any = None
+    response: dict[str, Any] = {"id": "", "model": "", "prompt_token_ids": None}
+    for event in events:
+        for key in ("id", "model"):
+            if not response[key] and isinstance(event.get(key), str):
+                response[key] = event[key]
+        if response["prompt_token_ids"] is None and isinstance(event.get("prompt_token_ids"), list):
+            response["prompt_token_ids"] = event["prompt_token_ids"]  # chat: on the first chunk
+        for choice in event.get("choices") or ():
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                continue  # n > 1: the first choice only, as for a non-streamed response
+            saw_choice = True
+            if prompt_ids is None and isinstance(choice.get("prompt_token_ids"), list):
+                prompt_ids = choice["prompt_token_ids"]  # completions: on the first chunk
+            delta = choice.get("delta")
+            piece = delta.get("content") if isinstance(delta, dict) else choice.get("text")
+            piece = piece if isinstance(piece, str) else ""
+            ids = choice.get("token_ids")
+            if isinstance(ids, list):
+                saw_ids = True
+                output_ids.extend(ids)
+            elif piece:
+                ids_complete = False
+            text.append(piece)
+            logprobs = logprobs or choice.get("logprobs") is not None
+    if not saw_choice:
+        raise NotRecordable("no_choices", "the stream carried no choice")
+    choice_out: dict[str, Any] = {
+        "text": "".join(text),
+        "token_ids": output_ids if saw_ids and ids_complete else None,
+        "logprobs": {} if logprobs else None,
+    }
+    if prompt_ids is not None:  # absent, not None: a chat response's IDs sit beside the choices
+        choice_out["prompt_token_ids"] = prompt_ids
+    response["choices"] = [choice_out]
+    return response
+
+
 def sample_from_exchange(
-    ts: datetime, request_body: bytes, response_body: bytes, tokenize: Tokenize | None
+    ts: datetime, request_body: bytes, response_body: bytes, tokenize: Tokenize | None, *, sse: bool = False
 ) -> TrafficSample:
-    """Parse one completion exchange into a sample; ``NotRecordable`` says why not."""
+    """Parse one completion exchange into a sample (``sse``: the response is a server-sent event
+    stream); ``NotRecordable`` says why not."""
     try:
         req = json.loads(request_body)
-        resp = json.loads(response_body)
+        resp = merge_sse_stream(response_body) if sse else json.loads(response_body)
     except ValueError as exc:
+        if isinstance(exc, NotRecordable):
+            raise
         raise NotRecordable("bad_json", f"request or response is not JSON ({exc})") from exc
     if not isinstance(req, dict) or not isinstance(resp, dict):
         raise NotRecordable("bad_json", "request or response is not a JSON object")
@@ -296,18 +400,31 @@ class TrafficRecorder:
         self.rng = rng or random.Random()
         self.clock = clock
         self.stats = RecorderStats()
-        self._queue: queue.Queue[tuple[datetime, bytes, bytes] | None] = queue.Queue(store.settings.max_queue)
+        self._queue: queue.Queue[tuple[datetime, bytes, bytes, bool] | None] = queue.Queue(store.settings.max_queue)
         self._thread: threading.Thread | None = None
 
-    def observe(self, request_body: bytes, response_body: bytes) -> None:
+    def draw(self) -> bool:
+        """Count one eligible exchange and draw whether it is sampled (before a stream starts, so only
+        sampled streams are copied)."""
         self.stats.seen += 1
-        if self.rng.random() >= self.store.settings.sample_rate:
-            return
+        return self.rng.random() < self.store.settings.sample_rate
+
+    def observe(self, request_body: bytes, response_body: bytes) -> None:
+        """A completed non-streamed exchange: drawn, and queued when sampled."""
+        if self.draw():
+            self.enqueue(request_body, response_body)
+
+    def enqueue(self, request_body: bytes, response_body: bytes, *, sse: bool = False) -> None:
+        """Queue a drawn exchange (``sse``: the response is its server-sent event stream, whole)."""
         try:
-            self._queue.put_nowait((self.clock(), request_body, response_body))
+            self._queue.put_nowait((self.clock(), request_body, response_body, sse))
             self.stats.queued += 1
         except queue.Full:
             self.stats.not_recorded["queue_full"] += 1
+
+    def skip(self, reason: str) -> None:
+        """A drawn exchange that could not be kept (a stream cut short or over the copy limit)."""
+        self.stats.not_recorded[reason] += 1
 
     def start(self) -> None:
         if self._thread is None:
@@ -347,11 +464,11 @@ class TrafficRecorder:
                 batch.append(nxt)
             self._process(batch)
 
-    def _process(self, items: Sequence[tuple[datetime, bytes, bytes]]) -> None:
+    def _process(self, items: Sequence[tuple[datetime, bytes, bytes, bool]]) -> None:
         samples = []
-        for ts, req, resp in items:
+        for ts, req, resp, sse in items:
             try:
-                samples.append(sample_from_exchange(ts, req, resp, self.tokenize))
+                samples.append(sample_from_exchange(ts, req, resp, self.tokenize, sse=sse))
             except NotRecordable as exc:
                 self.stats.not_recorded[exc.reason] += 1
             except Exception as exc:  # a tokenizer bug must not kill the recorder thread

@@ -390,6 +390,52 @@ class SwapSection(_Section):
     )
 
 
+class ShadowSection(_Section):
+    """The sampled traffic record and its periodic shadow evaluation (docs/shadow.md, "In the daemon"):
+    every draft candidate's α measured on recorded traffic, so the controller can rank a candidate it is
+    not running. Off unless ``record_dir`` is set. **The record holds user data** (prompts, outputs)."""
+
+    record_dir: str | None = Field(
+        default=None,
+        description="the sampled record's directory; the in-process tap (front_door.listen) writes it, a separate "
+        "`spectuner tap --record-dir` may instead; unset: off",
+    )
+    record_sample_rate: float = Field(default=0.05, gt=0, le=1, description="share of completions recorded")
+    record_max_bytes: int = Field(default=256 * 1024 * 1024, ge=4096, description="size cap of the record (bytes)")
+    record_retention_s: float = Field(default=7 * 86400.0, gt=0, description="age limit of a sample")
+    target: str | None = Field(
+        default=None,
+        description="the target model's directory: its tokenizer.json tokenises text responses, and a draft "
+        "model is replayed against its vocabulary; needed for evaluation",
+    )
+    evaluate_interval_s: float = Field(
+        default=900.0, ge=0, description="how often the candidates are replayed on the record; 0: record only"
+    )
+    candidates: list[str] = Field(
+        default_factory=list, description="the candidates replayed (names); empty: every registered and [[drafts]]"
+    )
+    k: int = Field(default=3, ge=1, le=16, description="K the replay drafts at (α is K-independent)")
+    max_samples: int = Field(default=2000, ge=1, description="newest samples replayed per run")
+    max_model_len: int | None = Field(default=None, ge=1, description="the engine's max_model_len; unset: no cap")
+    threads: int = Field(default=1, ge=1, description="CPU threads the replay worker may use")
+    nice: int = Field(default=19, ge=0, le=19, description="the worker's CPU priority drop")
+    cpu_share: float = Field(default=0.1, gt=0, le=1, description="most CPU time the worker takes (share of a core)")
+    timeout_s: float = Field(default=1800.0, gt=0, description="a replay run still going after this is stopped")
+
+    @model_validator(mode="after")
+    def _needs(self) -> ShadowSection:
+        if self.record_dir is None:
+            if self.target is not None or self.candidates:
+                raise ValueError("target and candidates need record_dir (the record the replay reads); set it")
+            return self
+        if self.evaluate_interval_s > 0 and self.target is None:
+            raise ValueError(
+                'evaluate_interval_s > 0 needs target = "/path/to/target-model" (its tokenizer and vocabulary); '
+                "set it, or evaluate_interval_s = 0 to record only"
+            )
+        return self
+
+
 class MemorySection(_Section):
     """What speculation may cost in accelerator memory (draft weights + draft KV + K lookahead slots)."""
 
@@ -508,6 +554,7 @@ class SpectunerConfig(_Section):
     drafts: list[DraftCandidateSection] = Field(default_factory=list, description="swap candidates ([[drafts]])")
     swap: SwapSection = Field(default_factory=SwapSection)
     memory: MemorySection = Field(default_factory=MemorySection)
+    shadow: ShadowSection = Field(default_factory=ShadowSection)
     # Where the file was read from (relative paths resolve against its directory).
     base_dir: Path = Field(default=Path("."), exclude=True)
 

@@ -37,6 +37,7 @@ from tuner.config import SpectunerConfig
 from tuner.controller.audit import TickResult
 from tuner.controller.controller import Controller
 from tuner.observers import Observers, ObserverStartError
+from tuner.shadow_job import shadow_job
 from tuner.store import AppliedBy, RetentionPolicy, Store, run_retention
 from tuner.store.deliveries import prune_deliveries
 from tuner.store.tagging import ConfigTaggingSink
@@ -91,7 +92,10 @@ class Daemon:
         self.on_tick = on_tick or (lambda r: None)
         self.stop_event = threading.Event()
         self._health: dict[str, _JobHealth] = {}
-        self.ticks: dict[str, int] = {"collect": 0, "decide": 0, "health": 0, "retention": 0, "export": 0, "alerts": 0}
+        self.ticks: dict[str, int] = {
+            "collect": 0, "decide": 0, "health": 0, "retention": 0, "export": 0, "alerts": 0, "shadow": 0
+        }
+        self.shadow_job = shadow_job(config, store, lambda: draft_candidates(config, store))
         # Exporters (Prometheus, OTLP, decision spans) and alert hooks; each optional (docs/exporters.md).
         self.observers = Observers(config, store, clock)
 
@@ -177,6 +181,12 @@ class Daemon:
         if ok:
             self.controller.sync_configs(now, AppliedBy.RESTART)
 
+    def shadow(self) -> None:
+        if self.shadow_job is not None:
+            keys = self.controller.engine_keys()
+            self.shadow_job.engine_key = keys[0] if keys else None
+            self.shadow_job.run_once(self.clock())
+
     def retain(self) -> None:
         now = self.clock()
         run_retention(self.store, self.retention, now)
@@ -193,16 +203,19 @@ class Daemon:
         logging.getLogger("apscheduler.scheduler").addFilter(_SkippedWhileBusy())
         c = self.config.controller
         scheduler = BackgroundScheduler(
-            executors={"default": ThreadPoolExecutor(4)},
+            # a shadow replay may take minutes: its own worker, so it never delays collect or decide
+            executors={"default": ThreadPoolExecutor(4 if self.shadow_job is None else 5)},
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
             timezone="UTC",
         )
-        jobs = (
+        jobs: list[tuple[str, Callable[[], None], float]] = [
             ("collect", self.collect, c.collect_interval_s),
             ("decide", self.decide, c.decide_interval_s),
             ("health", self.health, c.health_interval_s),
             ("retention", self.retain, c.retention_interval_s),
-        )
+        ]
+        if self.shadow_job is not None:
+            jobs.append(("shadow", self.shadow, self.config.shadow.evaluate_interval_s))
         try:
             try:
                 self.observers.start()  # before the engine: a busy port or a missing secret fails fast
@@ -222,6 +235,8 @@ class Daemon:
         finally:
             log.info("daemon: stopping; waiting for running jobs to finish")
             self.observers.request_stop()
+            if self.shadow_job is not None:
+                self.shadow_job.stop()  # a replay in progress is only lost work
             if scheduler.running:
                 scheduler.shutdown(wait=True)
             self.actuator.stop()

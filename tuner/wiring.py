@@ -11,6 +11,7 @@ from pathlib import Path
 from collectors.records import RecordSink
 from collectors.scrape import metrics_url
 from collectors.step_ingest import StepFeed, StepIngestServer
+from collectors.traffic_record import RecorderSettings, SampleStore, TrafficRecorder, load_tokenizer
 from collectors.vllm_plugin.client import ControlClient
 from collectors.vllm_plugin.wire import STEPS_PATH
 from policies.draft_choice import DraftCandidate
@@ -87,6 +88,32 @@ def build_step_ingest(config: SpectunerConfig, sink: RecordSink, feed: StepFeed)
     )
 
 
+def traffic_recorder(config: SpectunerConfig) -> TrafficRecorder | None:
+    """The sampled traffic record an in-process front door keeps (``[shadow] record_dir``), or None."""
+    shadow = config.shadow
+    if shadow.record_dir is None:
+        return None
+    settings = RecorderSettings(
+        config.resolve(shadow.record_dir),
+        sample_rate=shadow.record_sample_rate,
+        max_bytes=shadow.record_max_bytes,
+        retention_s=shadow.record_retention_s,
+    )
+    try:
+        store = SampleStore(settings)
+    except OSError as exc:
+        raise DaemonStartError(f"[shadow] record_dir {settings.directory}: cannot use it ({exc})") from None
+    # Text responses are tokenised with the target's tokenizer; without one, only clients that ask for
+    # return_token_ids are recorded.
+    tokenize = None
+    if shadow.target:
+        try:
+            tokenize = load_tokenizer(config.resolve(shadow.target))
+        except Exception as exc:  # tokenizers raises its own exception types
+            raise DaemonStartError(f"[shadow] target: cannot load the tokenizer ({exc})") from None
+    return TrafficRecorder(store, tokenize)
+
+
 def build_actuator(config: SpectunerConfig, feed: StepFeed | None = None, kind: str | None = None) -> Actuator:
     a = config.actuator
     kind = kind or a.kind
@@ -108,6 +135,7 @@ def build_actuator(config: SpectunerConfig, feed: StepFeed | None = None, kind: 
                 config.resolve(a.restart.log_path),
                 env={**a.restart.env, **engine_plugin_env(config)},
                 resolve=config.resolve,
+                traffic=traffic_recorder(config),
             )
         except FrontDoorError as exc:  # its listen port is taken, its token file unusable...
             raise DaemonStartError(f"[actuator.front_door]: {exc}") from None

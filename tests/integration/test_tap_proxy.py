@@ -640,16 +640,20 @@ def test_the_opt_in_traffic_record_keeps_sampled_prompts_and_outputs(upstream: T
             r = httpx.post(f"{server.url}/v1/completions", json={"model": "target", "prompt": "ab c", "max_tokens": n,
                                                                  "temperature": 0})
             assert r.status_code == 200
-        # a streamed answer and an error are forwarded but not recorded
-        httpx.post(f"{server.url}/v1/completions", json={"model": "target", "prompt": "x", "stream": True})
+        # a streamed answer is recorded from its events; an error is forwarded but not recorded
+        with httpx.stream("POST", f"{server.url}/v1/completions",
+                          json={"model": "target", "prompt": "x", "stream": True, "temperature": 0}) as streamed:
+            body = streamed.read()
+        assert body.count(b"data: ") == 4  # three chunks and [DONE], passed through
         assert httpx.post(f"{server.url}/v1/completions", json={"model": "nope", "prompt": "x"}).status_code == 404
         deadline = time.monotonic() + 10
-        while len(list(store)) < 2:
+        while len(list(store)) < 3:
             assert time.monotonic() < deadline, proxy.stats_dict()
             time.sleep(0.02)
         stats = httpx.get(f"{server.url}/_spectuner/tap").json()["traffic_record"]
-    samples = sorted(store, key=lambda s: len(s.output_ids))
-    assert [s.prompt_ids for s in samples] == [(1, 2, 1)] * 2
-    assert [s.output_ids for s in samples] == [(3,) * 3, (3,) * 5]  # " tok" × n, tokenised
+    samples = sorted(store, key=lambda s: (len(s.prompt_ids), len(s.output_ids)))
+    assert [s.prompt_ids for s in samples] == [(1, 1), (1, 2, 1), (1, 2, 1)]
+    # " tok0 tok1 tok2" joined from the stream's chunks; " tok" × n, tokenised
+    assert [s.output_ids for s in samples] == [(4,) * 3, (3,) * 3, (3,) * 5]
     assert all(s.greedy and s.ids_source == "tokenized" for s in samples)
-    assert stats["seen"] == 2 and stats["recorded"] == 2  # the stream and the 404 never reached the recorder
+    assert stats["seen"] == 3 and stats["recorded"] == 3  # the 404 never reached the recorder

@@ -6,6 +6,9 @@ list --json` shows each one's α̂ and interval before any restart. Then each of
 ngram is actually served on the same prompts, and its α̂ from the engine's own per-request,
 per-step counts (``per_step_accepted`` / ``per_step_drafted``) is compared: the shadow α̂ must lie
 inside the served interval. Both figures are printed (``-s``) for the docs.
+
+Streamed traffic is recorded through the tap in front of the engine: each streamed answer (completions
+with and without ``return_token_ids``, chat with them) must give the sample its non-streamed answer gives.
 """
 
 from __future__ import annotations
@@ -22,8 +25,10 @@ import pytest
 from typer.testing import CliRunner
 
 from collectors.request_metrics import ResponseContext, record_from_json_body
-from collectors.traffic_record import RecorderSettings, SampleStore, TrafficRecorder
+from collectors.tap import TapProxy, create_tap_app
+from collectors.traffic_record import RecorderSettings, SampleStore, TrafficRecorder, load_tokenizer
 from policies.acceptance import alpha_interval, evidence_from_draft_steps
+from tests.integration.test_tap_proxy import ThreadedServer
 from tuner.cli.main import app
 from tuner.lab.models import Manifest
 from tuner.lab.prompts import HARD, PREDICTABLE
@@ -122,3 +127,45 @@ def test_shadow_alpha_lies_within_the_served_interval(
     for name, line in zip(COMPARED, lines, strict=True):
         alpha, (lo, hi), _ = served_alpha(served[name])
         assert lo <= shadow[name]["alpha"] <= hi, line
+
+
+def test_a_streamed_answer_records_the_sample_its_non_streamed_answer_records(
+    lab_models: Manifest, lab_engine: LabServer, tmp_path: Path
+) -> None:
+    store = SampleStore(RecorderSettings(tmp_path / "record", sample_rate=1.0))
+    recorder = TrafficRecorder(store, load_tokenizer(Path(lab_models.target.path)))
+    proxy = TapProxy(lab_engine.base_url, None, traffic=recorder)
+    kinds = {
+        "completions+ids": ("/v1/completions", {"return_token_ids": True}),
+        "completions": ("/v1/completions", {}),
+        "chat+ids": ("/v1/chat/completions", {"return_token_ids": True}),
+    }
+    prompts = [PREDICTABLE[0], HARD[0]]
+    sent: list[tuple[str, int, bool]] = []
+    with ThreadedServer(create_tap_app(proxy)) as tap:
+        # one request at a time: the same batch for the streamed and the non-streamed answer
+        for kind, (path, extra) in kinds.items():
+            for i, prompt in enumerate(prompts):
+                body: dict[str, Any] = {"model": lab_engine.model_name, "max_tokens": 24, "temperature": 0, **extra}
+                if path.startswith("/v1/chat"):
+                    body["messages"] = [{"role": "user", "content": prompt}]
+                else:
+                    body["prompt"] = prompt
+                for stream in (False, True):
+                    with httpx.stream("POST", f"{tap.url}{path}", json={**body, "stream": stream},
+                                      timeout=120) as r:
+                        r.read()
+                        assert r.status_code == 200, r.text
+                    sent.append((kind, i, stream))
+        stats = httpx.get(f"{tap.url}/_spectuner/tap").json()["traffic_record"]
+    recorder.drain()
+    assert stats["seen"] == len(sent)
+    samples = sorted(store, key=lambda s: s.ts)
+    assert len(samples) == len(sent), recorder.stats_dict()
+    by_key = dict(zip(sent, samples, strict=True))
+    for kind, i, _ in sent[::2]:
+        whole, streamed = by_key[(kind, i, False)], by_key[(kind, i, True)]
+        assert streamed.output_ids, kind
+        assert (streamed.prompt_ids, streamed.output_ids, streamed.ids_source, streamed.endpoint) == (
+            whole.prompt_ids, whole.output_ids, whole.ids_source, whole.endpoint), (kind, i)
+    assert {s.ids_source for s in samples} == {"response", "tokenized"}

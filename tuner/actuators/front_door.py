@@ -19,6 +19,7 @@ import uvicorn
 
 from collectors.front_door import CONTROL_PATH, FrontDoor
 from collectors.tap import TapProxy, bind_listen, create_tap_app
+from collectors.traffic_record import TrafficRecorder
 from tuner.actuators.live import load_or_create_secret
 
 
@@ -86,7 +87,8 @@ class _ThreadServer(uvicorn.Server):
 
 
 class InProcessTap:
-    """A tap (no recording) serving on ``host:port`` from a thread of this process."""
+    """A tap serving on ``host:port`` from a thread of this process: no per-request records (the
+    collector reads the engine's counters), the sampled traffic record when ``traffic`` is given."""
 
     def __init__(
         self,
@@ -98,13 +100,16 @@ class InProcessTap:
         max_held: int,
         read_timeout_s: float | None,
         token: str | None = None,
+        traffic: TrafficRecorder | None = None,
     ) -> None:
         self.token = token or secrets.token_urlsafe(32)
         self.sock = bind_listen(host, port)
         bound_host, bound_port = self.sock.getsockname()[:2]
         self.url = f"http://{'[' + bound_host + ']' if ':' in bound_host else bound_host}:{bound_port}"
         door = FrontDoor(upstreams, max_hold_s=max_hold_s, max_held=max_held)
-        self.proxy = TapProxy(upstreams, None, read_timeout_s=read_timeout_s, door=door, control_token=self.token)
+        self.proxy = TapProxy(
+            upstreams, None, read_timeout_s=read_timeout_s, door=door, control_token=self.token, traffic=traffic
+        )
         config = uvicorn.Config(
             create_tap_app(self.proxy), log_level="warning", access_log=False, lifespan="on",
             server_header=False, date_header=False, proxy_headers=False,

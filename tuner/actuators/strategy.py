@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from collectors.tap import parse_listen
+from collectors.traffic_record import TrafficRecorder
 from tuner.actuators.base import Actuator
 from tuner.actuators.blue_green import BlueGreenActuator, with_port
 from tuner.actuators.drain_hold import DrainHoldActuator
@@ -63,15 +64,16 @@ class OwnedRolling(RollingActuator, _TapOwner):
 
 
 def front_door_client(
-    door: FrontDoorSection, resolve: Callable[[str], Path]
+    door: FrontDoorSection, resolve: Callable[[str], Path], traffic: TrafficRecorder | None = None
 ) -> tuple[FrontDoorClient, InProcessTap | None]:
-    """The control client, starting the in-process tap when ``listen`` is set."""
+    """The control client, starting the in-process tap when ``listen`` is set (recording ``traffic``
+    when given: the ``[shadow]`` record)."""
     if door.listen is not None:
         host, port = parse_listen(door.listen)
         try:
             tap = InProcessTap(
                 host, port, [door.engine_url], max_hold_s=door.max_hold_s, max_held=door.max_held_requests,
-                read_timeout_s=door.read_timeout_s,
+                read_timeout_s=door.read_timeout_s, traffic=traffic,
             )
         except OSError as exc:
             raise FrontDoorError(
@@ -90,8 +92,10 @@ def build_restart_strategy(
     log_path: Path,
     env: Mapping[str, str],
     resolve: Callable[[str], Path],
+    traffic: TrafficRecorder | None = None,
 ) -> Actuator:
-    """The restart-kind actuator for ``[actuator] strategy`` (``section.restart`` must be set)."""
+    """The restart-kind actuator for ``[actuator] strategy`` (``section.restart`` must be set); an
+    in-process front door records ``traffic`` when given."""
     restart = section.restart
     assert restart is not None
     strategy, reason = choose_strategy(section)
@@ -105,7 +109,7 @@ def build_restart_strategy(
     door = section.front_door
     if strategy == "restart" or door is None:
         return RestartActuator(restart.argv, health_url, log_path, **common)  # type: ignore[arg-type]
-    client, tap = front_door_client(door, resolve)
+    client, tap = front_door_client(door, resolve, traffic)
     actuator: OwnedDrainHold | OwnedBlueGreen | OwnedRolling
     if strategy == "rolling":
         # Each replica is the server command on its own port, a plain restart gated on /v1/models.

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import typer
 
@@ -56,8 +55,8 @@ def run_cmd(
 
     from collectors.traffic_record import RecorderSettings, SampleStore
     from tuner.controller.drafts import registered_drafts
-    from tuner.shadow import ShadowCandidate, ShadowInputError, Throttle, evaluate, limit_resources, select_samples
-    from tuner.store.shadow import ShadowResult, write_shadow_result
+    from tuner.shadow import ShadowCandidate, ShadowInputError, Throttle, limit_resources, select_samples
+    from tuner.shadow_job import evaluate_and_store
 
     if not samples_dir.is_dir():
         fail_usage(f"--samples {samples_dir}: no such directory (record traffic with the tap's --record-dir first)")
@@ -76,7 +75,6 @@ def run_cmd(
     samples = select_samples(sample_store, None, max_samples)
     if not samples:
         fail_usage(f"--samples {samples_dir}: no recorded samples to replay")
-    rows: list[dict[str, Any]] = []
     try:
         with store:
             cands = [ShadowCandidate(s.name, s.method, s.model, dict(s.extra)) for s in registered_drafts(store)]
@@ -91,37 +89,13 @@ def run_cmd(
                 cands = [c for c in cands if c.name in only]
             if not cands:
                 fail_usage("no draft candidates: add one with `spectuner drafts add NAME --method M --model PATH`")
-            for cand in cands:
-                try:
-                    outcome = evaluate(
-                        cand, samples, target=target, k=k, threads=threads, max_model_len=max_model_len,
-                        throttle=throttle,
-                    )
-                except ShadowInputError as exc:
-                    fail_usage(str(exc))
-                row: dict[str, Any] = {"candidate": cand.name, "method": cand.method, "k": outcome.k}
-                if outcome.skipped:
-                    row.update(skipped=outcome.skipped, **outcome.details)
-                    rows.append(row)
-                    continue
-                alpha, ci = outcome.alpha()
-                result = ShadowResult(
-                    candidate=cand.name,
-                    method=cand.method,
-                    model_path=cand.model,
-                    computed_at=now,
-                    samples=outcome.replay.samples,
-                    output_tokens=outcome.replay.output_tokens,
-                    num_spec_tokens=outcome.k,
-                    evidence=outcome.replay.evidence,
-                    alpha=alpha,
-                    alpha_ci=ci,
-                    greedy_only=outcome.greedy_only,
-                    tokenizer_check=outcome.tokenizer_check,
-                    details=outcome.details,
+            try:
+                rows = evaluate_and_store(
+                    store, cands, samples, target=target, k=k, threads=threads, max_model_len=max_model_len,
+                    throttle=throttle, now=now,
                 )
-                write_shadow_result(store, result)
-                rows.append({**row, **result.to_json()})
+            except ShadowInputError as exc:
+                fail_usage(str(exc))
     except SQLAlchemyError as exc:
         fail_runtime(f"cannot use the database {store!r}: {db_error_detail(exc)}")
     result_doc = {"samples": len(samples), "candidates": rows}

@@ -16,8 +16,10 @@ from collectors.traffic_record import (
     NotRecordable,
     RecorderSettings,
     SampleStore,
+    StreamCopy,
     TrafficRecorder,
     TrafficSample,
+    merge_sse_stream,
     sample_from_exchange,
 )
 
@@ -65,6 +67,88 @@ def test_what_cannot_be_recorded_says_why(req: bytes, resp: bytes, reason: str) 
     with pytest.raises(NotRecordable) as info:
         sample_from_exchange(T0, req, resp, _words)
     assert info.value.reason == reason
+
+
+def _sse(*events: object, sep: bytes = b"\n\n") -> bytes:
+    """A server-sent event stream as vLLM writes it: ``data: <json>`` events, then ``data: [DONE]``."""
+    return b"".join(b"data: " + json.dumps(e).encode() + sep for e in events) + b"data: [DONE]" + sep
+
+
+def _chunk(text: str, ids: list[int] | None = None, index: int = 0, **extra: object) -> dict[str, object]:
+    choice: dict[str, object] = {"index": index, "text": text, "token_ids": ids, **extra}
+    return {"id": "cmpl-1", "object": "text_completion", "model": "m", "choices": [choice]}
+
+
+def test_a_streamed_completion_gives_the_sample_its_non_streamed_answer_gives() -> None:
+    # vLLM with return_token_ids: the prompt's IDs on the first chunk, each chunk its delta's IDs
+    stream = _sse(_chunk("four", [7], prompt_token_ids=[5, 6]), _chunk(" five", [8, 9]),
+                  _chunk("", [], finish_reason="length"), {"id": "cmpl-1", "choices": [], "usage": {}})
+    whole = _resp("four five", prompt_token_ids=[5, 6], token_ids=[7, 8, 9])
+    streamed = sample_from_exchange(T0, _req(stream=True), stream, _words, sse=True)
+    assert streamed == sample_from_exchange(T0, _req(stream=True), whole, _words)
+    assert (streamed.prompt_ids, streamed.output_ids, streamed.ids_source) == ((5, 6), (7, 8, 9), "response")
+    # without IDs the joined text is tokenised, as for a non-streamed answer; CRLF separators are SSE too
+    plain = _sse(_chunk("four"), _chunk(" five"), sep=b"\r\n\r\n")
+    assert sample_from_exchange(T0, _req(), plain, _words, sse=True) == sample_from_exchange(
+        T0, _req(), _resp("four five"), _words)
+
+
+def test_a_streamed_chat_joins_the_deltas_and_reads_the_prompt_ids_of_the_first_chunk() -> None:
+    chat = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True,
+                       "return_token_ids": True, "top_k": 1}).encode()
+    first = {"id": "chat-1", "model": "m", "prompt_token_ids": [1, 2, 3],
+             "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}
+    rest = [{"id": "chat-1", "model": "m", "choices": [{"index": 0, "delta": {"content": t}, "token_ids": ids}]}
+            for t, ids in (("a", [10]), ("b c", [11, 12]))]
+    other = {"id": "chat-1", "choices": [{"index": 1, "delta": {"content": "x"}, "token_ids": [99]}]}  # n = 2
+    s = sample_from_exchange(T0, chat, _sse(first, rest[0], other, rest[1]), None, sse=True)
+    assert (s.prompt_ids, s.output_ids, s.endpoint, s.greedy, s.request_id) == (
+        (1, 2, 3), (10, 11, 12), "chat", True, "chat-1")
+
+
+def test_output_ids_missing_from_one_chunk_fall_back_to_the_text() -> None:
+    stream = _sse(_chunk("four", [7], prompt_token_ids=[5, 6]), _chunk(" five"))  # the second chunk has none
+    merged = merge_sse_stream(stream)
+    assert merged["choices"][0]["token_ids"] is None and merged["choices"][0]["text"] == "four five"
+    s = sample_from_exchange(T0, _req(), stream, _words, sse=True)
+    assert (s.prompt_ids, s.output_ids, s.ids_source) == ((5, 6), (104, 104), "tokenized")
+
+
+@pytest.mark.parametrize(
+    ("stream", "reason"),
+    [
+        (b"data: {not json\n\n", "bad_json"),
+        (_sse(_chunk("a"), {"error": {"message": "engine died", "code": 500}}), "stream_error"),
+        (b"data: [DONE]\n\n", "no_choices"),
+        (b": keep-alive\n\n", "no_choices"),
+        (_sse({"id": "x", "choices": [], "usage": {}}), "no_choices"),
+        (_sse(_chunk("", [])), "empty_output"),
+    ],
+)
+def test_a_stream_that_cannot_be_recorded_says_why(stream: bytes, reason: str) -> None:
+    with pytest.raises(NotRecordable) as info:
+        sample_from_exchange(T0, _req(stream=True), stream, _words, sse=True)
+    assert info.value.reason == reason
+
+
+def test_a_stream_copy_is_bounded() -> None:
+    copy = StreamCopy(limit_bytes=10)
+    copy.feed(b"12345")
+    copy.feed(b"6789")
+    assert copy.body() == b"123456789" and not copy.overflowed
+    copy.feed(b"ab")
+    copy.feed(b"c")
+    assert copy.overflowed and copy.body() == b""  # dropped whole, never a truncated stream
+
+
+def test_a_drawn_stream_is_queued_and_parsed_by_the_recorders_thread(tmp_path: Path) -> None:
+    rec = TrafficRecorder(SampleStore(RecorderSettings(tmp_path, sample_rate=1.0)), _words)
+    assert rec.draw() and rec.stats.seen == 1
+    rec.enqueue(_req(stream=True), _sse(_chunk("four"), _chunk(" five")), sse=True)
+    rec.skip("incomplete_stream")
+    rec.drain()
+    assert [s.output_ids for s in rec.store] == [(104, 104)]
+    assert rec.stats_dict()["not_recorded"] == {"incomplete_stream": 1}
 
 
 def _sample(i: int, n: int = 200) -> TrafficSample:

@@ -179,3 +179,17 @@ def test_bad_draft_candidates_are_named() -> None:
     assert any("loads no model" in p for p in problems(ngram_model))
     bad_threshold = {**MINIMAL, "swap": {"threshold": 1.5}}
     assert any(p.startswith("swap.threshold") for p in problems(bad_threshold))
+
+
+def test_shadow_section_is_off_by_default_and_names_what_evaluation_needs() -> None:
+    assert parse_config(MINIMAL).shadow.record_dir is None
+    on = parse_config({**MINIMAL, "shadow": {"record_dir": "traffic", "target": "/models/t", "candidates": ["ngram"]}})
+    assert on.shadow.evaluate_interval_s == 900.0 and on.shadow.record_sample_rate == 0.05
+    record_only = parse_config({**MINIMAL, "shadow": {"record_dir": "traffic", "evaluate_interval_s": 0}})
+    assert record_only.shadow.target is None
+    no_target = problems({**MINIMAL, "shadow": {"record_dir": "traffic"}})
+    assert any(p.startswith("shadow") and "needs target" in p for p in no_target), no_target
+    no_record = problems({**MINIMAL, "shadow": {"target": "/models/t"}})
+    assert any("need record_dir" in p for p in no_record), no_record
+    assert any(p.startswith("shadow.record_sample_rate") for p in problems(
+        {**MINIMAL, "shadow": {"record_dir": "d", "evaluate_interval_s": 0, "record_sample_rate": 0}}))
