@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from collectors.records import RequestRecord
+from collectors.sse import data_payloads
 
 # What we keep of a long stream: the final chunks are all we read, so a bounded tail is enough.
 _STREAM_TAIL_BYTES = 256 * 1024
@@ -132,11 +133,7 @@ class StreamTail:
 
     def _last_payload(self) -> dict[str, Any] | None:
         """The last ``data:`` event that mentions usage or metrics, parsed."""
-        text = bytes(self._buf).replace(b"\r\n", b"\n")
-        for event in reversed(text.split(b"\n\n")):
-            data = b"\n".join(line[5:].lstrip(b" ") for line in event.split(b"\n") if line.startswith(b"data:"))
-            if not data or data.strip() == b"[DONE]":
-                continue
+        for data in reversed(data_payloads(bytes(self._buf))):
             if b'"usage"' not in data and b'"metrics"' not in data:
                 continue
             try:

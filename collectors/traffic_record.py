@@ -34,7 +34,6 @@ import logging
 import os
 import queue
 import random
-import re
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -42,6 +41,8 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from collectors.sse import data_payloads
 
 logger = logging.getLogger(__name__)
 
@@ -154,13 +155,7 @@ def merge_sse_stream(body: bytes) -> dict[str, Any]:
     ``return_token_ids``). Output IDs are kept only when every chunk that carried text carried them too.
     ``NotRecordable`` when the stream holds no chunk, a chunk that is not JSON, or an error event."""
     events: list[dict[str, Any]] = []
-    for block in re.split(rb"\r?\n\r?\n", body):
-        data = [line[5:].removeprefix(b" ") for line in block.splitlines() if line.startswith(b"data:")]
-        if not data:
-            continue  # comments, keep-alives, other fields
-        payload = b"\n".join(data)
-        if payload.strip() == b"[DONE]":
-            continue
+    for payload in data_payloads(body):
         try:
             event = json.loads(payload)
         except ValueError as exc:

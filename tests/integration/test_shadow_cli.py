@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from collectors.traffic_record import RecorderSettings, SampleStore, TrafficSample
-from policies.acceptance import alpha_interval, evidence_from_draft_steps
+from policies.acceptance import AcceptanceEvidence, alpha_interval, evidence_from_draft_steps
 from policies.shadow_replay import ngram_propose, replay_proposer
 from tuner.cli.main import app
 
@@ -38,6 +38,17 @@ def run_json(*args: str) -> Any:
 # A prompt that repeats (the lookup finds it) followed by an output that half repeats it.
 PROMPT = (1, 2, 3, 4, 5, 1, 2, 3, 4, 5)
 OUTPUTS = [(1, 2, 3, 4, 5, 1, 2, 3, 9, 8, 7, 6, 1, 2, 3, 4), (6, 7, 8, 1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 0, 0, 0)]
+
+
+def ngram_evidence() -> AcceptanceEvidence:
+    """What vLLM's prompt lookup (2..3, K = 3) accepts on OUTPUTS, replayed directly."""
+    acc: list[int] = []
+    drf: list[int] = []
+    for out in OUTPUTS:
+        r = replay_proposer(PROMPT, out, lambda ctx: ngram_propose(ctx, 2, 3, 3, 1 << 30))
+        acc += r.accepted
+        drf += r.drafted
+    return evidence_from_draft_steps(acc, drf)
 
 
 @pytest.fixture
@@ -68,13 +79,7 @@ def test_ngram_is_replayed_exactly_and_listed_with_its_interval(db_url: str, sam
 
     doc = run_json(*SHADOW_RUN, "--samples", str(samples), "--target", str(target), "--k", "3", "--db", db_url)
     (row,) = doc["candidates"]
-    acc: list[int] = []
-    drf: list[int] = []
-    for out in OUTPUTS:
-        r = replay_proposer(PROMPT, out, lambda ctx: ngram_propose(ctx, 2, 3, 3, 1 << 30))
-        acc += r.accepted
-        drf += r.drafted
-    ev = evidence_from_draft_steps(acc, drf)
+    ev = ngram_evidence()
     assert row["drafts"] == ev.drafts > 0
     assert row["accepted_tokens"] == ev.successes and row["rejections"] == ev.failures
     assert row["alpha"] == pytest.approx(ev.successes / ev.trials)

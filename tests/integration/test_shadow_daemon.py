@@ -14,8 +14,7 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from collectors.traffic_record import RecorderSettings, SampleStore, TrafficSample
-from policies.acceptance import evidence_from_draft_steps
-from policies.shadow_replay import ngram_propose, replay_proposer
+from tests.integration.test_shadow_cli import OUTPUTS, PROMPT, ngram_evidence
 from tests.integration.test_tap_proxy import UPSTREAM, ThreadedServer
 from tuner.actuators.front_door import InProcessTap
 from tuner.config import SpectunerConfig, parse_config
@@ -27,8 +26,6 @@ from tuner.wiring import DaemonStartError, draft_candidates, traffic_recorder
 
 pytestmark = pytest.mark.integration
 T0 = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
-PROMPT = (1, 2, 3, 4, 5, 1, 2, 3, 4, 5)
-OUTPUTS = [(1, 2, 3, 4, 5, 1, 2, 3, 9, 8, 7, 6, 1, 2, 3, 4), (6, 7, 8, 1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 0, 0, 0)]
 NGRAM = {"prompt_lookup_min": 2, "prompt_lookup_max": 3}
 
 
@@ -109,13 +106,7 @@ def test_the_daemons_job_replays_the_record_in_a_child_and_stores_ngram_alpha(db
         record(tmp_path / "traffic")
         summary = job.run_once(T0)
         (row,) = summary["candidates"]
-        acc: list[int] = []
-        drf: list[int] = []
-        for out in OUTPUTS:
-            r = replay_proposer(PROMPT, out, lambda ctx: ngram_propose(ctx, 2, 3, 3, 1 << 30))
-            acc += r.accepted
-            drf += r.drafted
-        ev = evidence_from_draft_steps(acc, drf)
+        ev = ngram_evidence()
         assert row["candidate"] == "lookup" and row["drafts"] == ev.drafts > 0
         assert row["alpha"] == pytest.approx(ev.successes / ev.trials)
         stored = latest_shadow_results(store, T0 - timedelta(days=1))
