@@ -44,8 +44,10 @@ class DraftCandidate:
     """One entry of the candidate registry.
 
     ``cost_ratio``: draft forward pass / target forward pass; None estimates it as params / target
-    params (compute-bound), 0 for ngram/suffix. ``speculative_config`` holds extra vLLM keys
-    (e.g. ``prompt_lookup_max`` for ngram).
+    params (compute-bound), 0 for ngram/suffix. ``draft_fixed_s`` / ``draft_per_seq_s``: the draft's pass
+    as measured on its own (seconds per pass, and per sequence in the batch); when given, predictions use
+    them instead of the ratio, which then serves only the step-cost fits that split a step between target
+    and draft. ``speculative_config`` holds extra vLLM keys (e.g. ``prompt_lookup_max`` for ngram).
     """
 
     name: str
@@ -57,6 +59,8 @@ class DraftCandidate:
     dtype: str = "bfloat16"
     cost_ratio: float | None = None
     speculative_config: Mapping[str, Any] = field(default_factory=dict)
+    draft_fixed_s: float | None = None
+    draft_per_seq_s: float | None = None
     # Pseudo-tokens ``prior_alpha`` is worth; None: the trigger config's ``prior_strength_trials``. Set
     # with ``prior_source`` when the prior comes from elsewhere (the fleet: ``policies.fleet``).
     prior_strength_trials: float | None = None
@@ -75,6 +79,10 @@ class DraftCandidate:
             raise ValueError(f"draft candidate {self.name!r}: params and KV bytes cannot be negative")
         if self.cost_ratio is not None and not (math.isfinite(self.cost_ratio) and self.cost_ratio >= 0):
             raise ValueError(f"draft candidate {self.name!r}: cost ratio must be ≥ 0 but got {self.cost_ratio!r}")
+        for key in ("draft_fixed_s", "draft_per_seq_s"):
+            value = getattr(self, key)
+            if value is not None and not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"draft candidate {self.name!r}: {key} must be ≥ 0 seconds but got {value!r}")
 
     @property
     def free(self) -> bool:
@@ -90,6 +98,19 @@ class DraftCandidate:
         if self.free:
             return DraftFootprint(self.method)
         return DraftFootprint(self.method, weight_bytes(self.params, self.dtype), self.kv_bytes_per_token)
+
+    @property
+    def pass_measured(self) -> bool:
+        """True when the draft's own pass cost is given in seconds (not as a ratio of the target's)."""
+        return self.draft_fixed_s is not None or self.draft_per_seq_s is not None
+
+    def beside(self, target: StepCostModel, target_params: int | None) -> StepCostModel | None:
+        """``target``'s linear model with this draft's pass beside it: its measured pass when given, else
+        its cost ratio × the target's; None when neither is known."""
+        if self.pass_measured:
+            return target.with_draft_cost(self.draft_fixed_s or 0.0, self.draft_per_seq_s or 0.0)
+        ratio = self.cost_ratio_for(target_params)
+        return None if ratio is None else target.with_draft_ratio(ratio)
 
     def cost_ratio_for(self, target_params: int | None) -> float | None:
         if self.cost_ratio is not None:
@@ -373,14 +394,15 @@ def capped_batch(
 
 def _score(
     snapshot: DraftChoiceSnapshot,
-    name: str,
-    footprint: DraftFootprint,
-    cost_ratio: float | None,
+    cand: DraftCandidate,
     alpha: float,
     alpha_ci: tuple[float, float],
     source: str,
 ) -> CandidateScore:
-    if cost_ratio is None:
+    name, footprint = cand.name, cand.footprint()
+    target = snapshot.step_cost
+    model = cand.beside(target, snapshot.target_params)
+    if model is None:
         return CandidateScore(
             name,
             source,
@@ -390,10 +412,8 @@ def _score(
             0,
             0.0,
             (0.0, 0.0),
-            f"{name}: cost ratio unknown (give cost_ratio or params and the target's params).",
+            f"{name}: cost ratio unknown (give cost_ratio, draft_fixed_s or params and the target's params).",
         )
-    target = snapshot.step_cost
-    model = target.with_draft_ratio(cost_ratio)
     own = snapshot.step_cost_of.get(name)
 
     def best_k(batch: int, step_cost: StepCostModel) -> KDecision:
@@ -456,9 +476,7 @@ def _rank(snapshot: DraftChoiceSnapshot) -> list[CandidateScore]:
             continue
         strength = cfg.prior_strength_trials if cand.prior_strength_trials is None else cand.prior_strength_trials
         alpha, ci, source = _posterior(cand.prior_alpha, strength, snapshot.history.get(cand.name), cfg.confidence)
-        score = _score(
-            snapshot, cand.name, cand.footprint(), cand.cost_ratio_for(snapshot.target_params), alpha, ci, source
-        )
+        score = _score(snapshot, cand, alpha, ci, source)
         prior = f"{cand.prior_source} {cand.prior_alpha:.2f} worth {strength:.0f} tokens"
         ranking.append(replace(score, prior=prior))
     return ranking
@@ -497,15 +515,7 @@ def _measured_score(
     if pooled.trials <= 0:
         return None
     _, ci, _ = _posterior(0.5, 0.0, pooled.scaled(1.0 / spread.phi), snapshot.config.confidence)
-    return _score(
-        snapshot,
-        current.name,
-        current.footprint(),
-        current.cost_ratio_for(snapshot.target_params),
-        pooled.successes / pooled.trials,
-        ci,
-        "measured",
-    )
+    return _score(snapshot, current, pooled.successes / pooled.trials, ci, "measured")
 
 
 def _beaten_lately(
@@ -700,22 +710,21 @@ def spec_for(candidate: DraftCandidate, k: int, table: Sequence[KRow] | None = N
 
 def running_speedup(
     score: CandidateScore,
-    cost_ratio: float,
-    target: StepCostModel,
+    with_draft: StepCostModel,
     current_k: int,
     batch_size: int,
     confidence: float = 0.95,
     scale: float = 1.0,
 ) -> tuple[float, tuple[float, float]] | None:
     """The running config's speedup over plain decoding at the K it runs now, from its ranking entry: a
-    swap's gain is measured against what is in force, not against the running draft at its best K. The
-    draft's cost is ``cost_ratio`` × the target's (``target``'s draft terms are not the running draft's);
+    swap's gain is measured against what is in force, not against the running draft at its best K.
+    ``with_draft``: the target's linear model with the running draft's pass (``DraftCandidate.beside``);
     ``scale``: :func:`capped_batch`'s, when memory caps the batch."""
     option = evaluate_k(
         KChoiceSnapshot(
             now=_EPOCH,  # evaluate_k does not read the time
             acceptance=score.alpha_model(),
-            step_cost=target.with_draft_ratio(cost_ratio),
+            step_cost=with_draft,
             batch_size=batch_size,
             k_max=max(current_k, 1),
             confidence=confidence,

@@ -102,6 +102,17 @@ class StepCostModel:
             draft_per_seq_s=cost_ratio * self.per_token_s,
         )
 
+    def with_draft_cost(self, draft_fixed_s: float, draft_per_seq_s: float) -> StepCostModel:
+        """This target's linear model with a draft whose pass was measured on its own: ``draft_fixed_s``
+        per pass plus ``draft_per_seq_s`` per sequence in the batch (a host-side proposer such as ngram
+        costs a fixed amount and almost nothing per sequence, which no ratio of the target's pass says)."""
+        return StepCostModel(
+            fixed_s=self.fixed_s,
+            per_token_s=self.per_token_s,
+            draft_fixed_s=draft_fixed_s,
+            draft_per_seq_s=draft_per_seq_s,
+        )
+
     @property
     def parameters(self) -> NDArray[np.float64]:
         return np.array([self.fixed_s, self.per_token_s, self.draft_fixed_s, self.draft_per_seq_s])

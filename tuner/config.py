@@ -357,6 +357,16 @@ class DraftCandidateSection(_Section):
     kv_bytes_per_token: int | None = Field(default=None, ge=0, description="default: from the draft's config.json")
     prior_alpha: float = Field(default=0.5, gt=0, lt=1, description="expected α until measured on this target")
     cost_ratio: float | None = Field(default=None, ge=0, lt=10, description="draft pass / target pass (c)")
+    draft_fixed_s: float | None = Field(
+        default=None,
+        ge=0,
+        lt=60,
+        description="the draft's pass measured on its own, seconds per pass; with draft_per_seq_s, predictions use "
+        "it instead of cost_ratio (a host-side proposer such as ngram: a fixed cost, ~0 per sequence)",
+    )
+    draft_per_seq_s: float | None = Field(
+        default=None, ge=0, lt=60, description="the draft's pass, seconds per sequence in the batch (default 0)"
+    )
     extra: dict[str, Any] = Field(default_factory=dict, description="more speculative-config keys, as they are")
 
     @model_validator(mode="after")

@@ -166,6 +166,8 @@ def draft_candidates(config: SpectunerConfig, store: Store) -> list[DraftCandida
             prior_alpha=d.prior_alpha,
             cost_ratio=d.cost_ratio,
             extra=d.extra,
+            draft_fixed_s=d.draft_fixed_s,
+            draft_per_seq_s=d.draft_per_seq_s,
         )
     for spec in registered_drafts(store):
         out[spec.name] = build_candidate(

@@ -79,11 +79,20 @@ def build_candidate(
     prior_alpha: float = 0.5,
     cost_ratio: float | None = None,
     extra: Mapping[str, Any] | None = None,
+    draft_fixed_s: float | None = None,
+    draft_per_seq_s: float | None = None,
 ) -> DraftCandidate:
     """A :class:`DraftCandidate`, sizes filled from the local model directory where not given."""
     if method in FREE_METHODS:
         return DraftCandidate(
-            name, method, None, prior_alpha=prior_alpha, cost_ratio=cost_ratio, speculative_config=dict(extra or {})
+            name,
+            method,
+            None,
+            prior_alpha=prior_alpha,
+            cost_ratio=cost_ratio,
+            speculative_config=dict(extra or {}),
+            draft_fixed_s=draft_fixed_s,
+            draft_per_seq_s=draft_per_seq_s,
         )
     cfg = read_model_config(model)
     if dtype is None and cfg is not None:
@@ -106,6 +115,8 @@ def build_candidate(
         dtype=dtype or "bfloat16",
         cost_ratio=cost_ratio,
         speculative_config=dict(extra or {}),
+        draft_fixed_s=draft_fixed_s,
+        draft_per_seq_s=draft_per_seq_s,
     )
 
 

@@ -408,14 +408,13 @@ def propose_swap(ctx: DecisionContext, settings: PolicySettings) -> PolicyOutcom
     low = trigger.message if trigger.triggered else None  # a swap beyond failure: acceptance is not low
     if low is not None:
         details["acceptance_low"] = low
-    ratio = running.cost_ratio_for(p.target_params)
+    with_running = running.beside(step_cost, p.target_params) or step_cost.with_draft_ratio(p.cost_ratio)
     # the running config at the batch its memory lets it run (all of the demand when memory is no limit)
     cur_batch, cur_scale = capped_batch(ctx.kv_capacity, ctx.mean_demand, running.footprint(), k_now, step_cost, batch)
     current = (
         running_speedup(
             decision.current,
-            p.cost_ratio if ratio is None else ratio,
-            step_cost,
+            with_running,
             k_now,
             cur_batch,
             p.confidence,
@@ -555,12 +554,11 @@ def _k_over_load(
     batch: int,
 ) -> tuple[int, float, tuple[float, float], str] | None:
     """(K, speedup, interval, message) of ``candidate`` over the load profile, as :func:`propose_k` would
-    choose K for it once running (its cost ``cost_ratio`` × the target's; memory caps per K)."""
+    choose K for it once running (its pass as ``DraftCandidate.beside`` prices it; memory caps per K)."""
     p = settings.policy
-    ratio = candidate.cost_ratio_for(p.target_params)
-    if ratio is None:
+    model = candidate.beside(step_cost, p.target_params)
+    if model is None:
         return None
-    model = step_cost.with_draft_ratio(ratio)
     alpha = score.alpha_model()
     kv = ctx.kv_capacity
     caps = (

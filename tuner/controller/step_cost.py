@@ -73,7 +73,7 @@ def candidate_step_costs(
     min_steps: int,
 ) -> dict[str, StepCostModel]:
     """Candidate name → T(B, K) with the cells this engine measured while it ran that draft (within the
-    horizon), over ``target``'s linear model with the candidate's draft at its cost ratio: the model a swap
+    horizon), over ``target``'s linear model with the candidate's draft pass (``beside``): the model a swap
     picks the candidate's K on (``policies.draft_choice``; the ranking itself stays on the linear model).
     Only candidates with a qualifying cell; the others get their K from the linear model too.
 
@@ -82,11 +82,11 @@ def candidate_step_costs(
     changes minutes later — a second restart (gpu_memory_bound: back to the 8B at K = 2, then K = 3)."""
     out: dict[str, StepCostModel] = {}
     for cand in candidates:
-        ratio = cand.cost_ratio_for(target_params)
+        beside = cand.beside(target.linear(), target_params)
         rows = [g for g in groups if g.spec is not None and same_draft(g.spec, cand)]
-        if ratio is None or not rows:
+        if beside is None or not rows:
             continue
-        base = target.linear().with_draft_ratio(ratio).with_draft_pass_at_k0(method_drafts_at_k0(cand.method))
+        base = beside.with_draft_pass_at_k0(method_drafts_at_k0(cand.method))
         model = with_measured_cells(
             base,
             [g.batch_size for g in rows],

@@ -95,6 +95,17 @@ def lab_cost_model(manifest: Manifest) -> tuple[dict[str, float], float]:
     return dict(model), round(c, 3)
 
 
+def lab_draft_cost_ratio(manifest: Manifest, name: str, default: float) -> float:
+    """The cost ratio a lab draft is registered with: its own calibrated figure when `spectuner lab
+    calibrate` stored one, else ``default`` (the lab's model-draft ratio). ngram gets ``default`` too: on
+    the CPU engine its proposer shares the two cores with the forward passes and is not free (live,
+    ngram/K = 5 at one stream ran ~105 ms a step against the target's ~43 ms), so the free default
+    that suits a GPU engine would rank it far too high at low load."""
+    measured = ((manifest.calibration or {}).get("drafts") or {}).get(name) or {}
+    ratio = measured.get("cost_ratio")
+    return float(ratio) if isinstance(ratio, int | float) and ratio > 0 else default
+
+
 def _toml_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -197,7 +208,8 @@ def lab_daemon_config(
             _table(
                 "drafts",
                 {"name": name, "method": info.method, "model": info.path if info.method != "ngram" else None,
-                 "prior_alpha": PRIOR_ALPHA.get(name, 0.5), "cost_ratio": cost_ratio},
+                 "prior_alpha": PRIOR_ALPHA.get(name, 0.5),
+                 "cost_ratio": lab_draft_cost_ratio(manifest, name, cost_ratio)},
                 array=True,
             )
         )
@@ -214,4 +226,4 @@ def lab_daemon_config(
 
 
 __all__ = ["GPU_LIKE_STEP_COST", "LAB_DRAFT_COST_RATIO", "LAB_STEP_COST", "LoopSettings", "lab_cost_model",
-           "lab_daemon_config"]
+           "lab_daemon_config", "lab_draft_cost_ratio"]

@@ -334,3 +334,34 @@ def test_a_prior_alone_with_a_wide_interval_does_not_turn_speculation_on() -> No
     snap = replace(off_snapshot(64), candidates=(unsure,), config=replace(CONFIG, prior_strength_trials=20.0))
     decision = choose_enable(snap)
     assert decision.reason is DraftReason.KEEP_OFF, decision.message
+
+
+def _at_16_streams(ngram: DraftCandidate) -> DraftDecision:
+    # the lab's shape: a 41 ms target pass growing 3 ms a scored token, a model draft at c = 0.2 of it
+    running = DraftCandidate("running", "draft_model", "/m/d", params=19_000_000, prior_alpha=0.8, cost_ratio=0.2)
+    snap = DraftChoiceSnapshot(
+        now=NOW, current="running", current_k=1, windows=_windows(0.8, k=1), candidates=(running, ngram),
+        history={"ngram": AcceptanceEvidence(8000.0, 2000.0, 2000.0)}, batch_size=16, k_max=5,
+        step_cost=StepCostModel.from_cost_ratio(0.2, 0.041, 0.003),
+        config=DraftTriggerConfig(threshold=0.4, duration_s=600, min_drafts=2000, segments=3),
+    )  # fmt: skip
+    return choose_draft(snap)
+
+
+def test_a_draft_pass_measured_in_seconds_prices_a_host_side_proposer_under_load() -> None:
+    # Priced as 0.2 × the target's pass, ngram pays the target's per-token growth on every sequence (18 ms
+    # a pass at 16 streams) and does not beat the running draft; its own pass, 9.5 ms flat, makes it the
+    # better choice there, as the lab's fixed cells measured (ngram/K = 3 at 16 streams 236 tok/s, the
+    # model drafts 198-213).
+    as_ratio = DraftCandidate("ngram", "ngram", prior_alpha=0.5, cost_ratio=0.2)
+    assert _at_16_streams(as_ratio).candidate is None
+    chosen = _at_16_streams(replace(as_ratio, draft_fixed_s=0.0095, draft_per_seq_s=0.0))
+    assert chosen.candidate is not None and chosen.candidate.name == "ngram"
+    assert chosen.current is not None and chosen.predicted_speedup > chosen.current.speedup * 1.03
+
+
+def test_a_measured_draft_pass_must_be_seconds() -> None:
+    with pytest.raises(ValueError, match="draft_fixed_s must be ≥ 0 seconds"):
+        DraftCandidate("ngram", "ngram", draft_fixed_s=-0.001)
+    with pytest.raises(ValueError, match="draft_per_seq_s"):
+        DraftCandidate("ngram", "ngram", draft_per_seq_s=float("nan"))

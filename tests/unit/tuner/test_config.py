@@ -157,7 +157,7 @@ def test_draft_candidates_swap_and_memory_sections() -> None:
         **MINIMAL,
         "drafts": [
             {"name": "small", "model": "/models/small", "prior_alpha": 0.7},
-            {"name": "ngram", "method": "ngram", "extra": {"prompt_lookup_max": 5}},
+            {"name": "ngram", "method": "ngram", "extra": {"prompt_lookup_max": 5}, "draft_fixed_s": 0.0095},
         ],
         "swap": {"threshold": 0.35, "duration_s": 120, "statistic": "draft_acceptance_rate"},
         "memory": {"budget_bytes": 2_000_000_000},
@@ -165,6 +165,7 @@ def test_draft_candidates_swap_and_memory_sections() -> None:
     }
     cfg = parse_config(data)
     assert [d.name for d in cfg.drafts] == ["small", "ngram"] and cfg.drafts[0].method == "draft_model"
+    assert (cfg.drafts[1].draft_fixed_s, cfg.drafts[1].draft_per_seq_s) == (0.0095, None)
     assert cfg.swap.threshold == 0.35 and cfg.swap.statistic == "draft_acceptance_rate"
     assert cfg.memory.budget_bytes == 2_000_000_000
     assert cfg.policy.step_cost is not None and cfg.policy.step_cost.per_token_s == 0.0
@@ -179,6 +180,9 @@ def test_bad_draft_candidates_are_named() -> None:
     assert any("loads no model" in p for p in problems(ngram_model))
     bad_threshold = {**MINIMAL, "swap": {"threshold": 1.5}}
     assert any(p.startswith("swap.threshold") for p in problems(bad_threshold))
+    # a pass given in milliseconds by mistake (95 for 0.095 s) is refused, not taken as 95 s
+    ms = {**MINIMAL, "drafts": [{"name": "n", "method": "ngram", "draft_fixed_s": 95}]}
+    assert any(p.startswith("drafts.0.draft_fixed_s") for p in problems(ms))
 
 
 def test_shadow_section_is_off_by_default_and_names_what_evaluation_needs() -> None:

@@ -13,7 +13,9 @@ from collectors.vllm_plugin import env
 from tuner.actuators.live import LiveActuator
 from tuner.actuators.restart import RestartActuator
 from tuner.config import ConfigError, parse_config
-from tuner.wiring import DaemonStartError, build_actuator, build_step_ingest
+from tuner.store.schema import upgrade
+from tuner.store.store import Store
+from tuner.wiring import DaemonStartError, build_actuator, build_step_ingest, draft_candidates
 
 
 class ListSink:
@@ -126,3 +128,14 @@ def test_live_without_ingest_verifies_by_read_back_only(tmp_path: Path) -> None:
     act = build_actuator(cfg, StepFeed())
     assert isinstance(act, LiveActuator) and act.feed is None
     assert isinstance(act.fallback, RestartActuator) and env.INGEST_URL not in act.fallback.env
+
+
+def test_a_drafts_measured_pass_reaches_its_candidate(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    upgrade(url)
+    cfg = parse_config(
+        base(drafts=[{"name": "ngram", "method": "ngram", "draft_fixed_s": 0.0095, "draft_per_seq_s": 0.00001}])
+    )
+    with Store(url) as store:
+        (ngram,) = draft_candidates(cfg, store)
+    assert (ngram.draft_fixed_s, ngram.draft_per_seq_s) == (0.0095, 0.00001)

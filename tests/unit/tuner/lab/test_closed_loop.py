@@ -1,0 +1,46 @@
+"""The daemon config the lab writes: each draft registered with its own calibrated cost."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+
+from tuner.config import parse_config
+from tuner.lab.closed_loop import LoopSettings, lab_cost_model, lab_daemon_config
+from tuner.lab.models import load_manifest
+from tuner.lab.serve import LabServer
+from tuner.store.schema import upgrade
+from tuner.store.store import Store
+from tuner.wiring import draft_candidates
+
+
+def _calibrated(models: Path, drafts: dict[str, dict[str, object]]) -> None:
+    path = models / "manifest.json"
+    data = json.loads(path.read_text())
+    data["calibration"] = {"drafts": drafts}
+    path.write_text(json.dumps(data))
+
+
+def _candidates(models: Path, tmp_path: Path, settings: LoopSettings) -> dict[str, float | None]:
+    server = LabServer(draft="none", k=0, models_dir=models, workdir=tmp_path / "engine")
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    upgrade(url)
+    config = parse_config(tomllib.loads(lab_daemon_config(server, url, settings)), base_dir=tmp_path)
+    with Store(url) as store:
+        return {c.name: c.cost_ratio_for(None) for c in draft_candidates(config, store)}
+
+
+def test_a_calibrated_draft_is_registered_with_its_own_cost(fake_models: Path, tmp_path: Path) -> None:
+    _, default = lab_cost_model(load_manifest(fake_models))
+    _calibrated(fake_models, {"good": {"cost_ratio": 0.21}, "ngram": {"cost_ratio": None}})
+    got = _candidates(fake_models, tmp_path, LoopSettings(start_draft="good", candidates=("good", "ngram")))
+    # ngram keeps the lab's model ratio: its CPU proposer is not free on this engine
+    assert got == {"good": 0.21, "ngram": default}
+
+
+def test_an_uncalibrated_draft_takes_the_labs_model_ratio(fake_models: Path, tmp_path: Path) -> None:
+    _, default = lab_cost_model(load_manifest(fake_models))
+    got = _candidates(fake_models, tmp_path, LoopSettings(start_draft="good", candidates=("good", "ngram")))
+    assert got == {"good": default, "ngram": default}
+    assert 0 < default != 0.21
