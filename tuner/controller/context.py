@@ -249,6 +249,9 @@ class ControllerMemory:
     alpha_regime: tuple[tuple[str, str | None] | None, RegimeTracker] | None = None
     # load regimes (requests running + waiting over a decide interval, under any config)
     load_regime: RegimeTracker | None = None
+    # (running config's id, the draft the floor swapped away from before it, or None): read once per
+    # config — what ran before a config and how it left do not change while it runs
+    floored_previous: tuple[int, SpecConfig | None] | None = None
 
 
 def build_context(
@@ -288,6 +291,7 @@ def build_context(
         # the policy tells the running draft by identity: the same object as in the candidates
         running = next((c for c in everyone if running is not None and c.name == running.name), running)
         ctx = replace(ctx, running=running)
+    memory = _with_floored_previous(memory, store, keys, stored, settings)
     return replace(
         ctx,
         candidates=tuple(everyone),
@@ -295,7 +299,7 @@ def build_context(
         history=measured_history(store, keys, now, settings.history_s, everyone, same_draft, memory.history),
         shadow=shadow_evidence(store, now - timedelta(seconds=settings.history_s), [c.name for c in everyone]),
         failed_candidates=frozenset(c.name for c in everyone if any(same_draft(f, c) for f in failed)),
-        floored=floored_out(store, keys, stored, everyone, settings, memory),
+        floored=floored_out(everyone, settings, memory),
     ), memory
 
 
@@ -356,12 +360,7 @@ def last_speculative(
 
 
 def floored_out(
-    store: Store,
-    keys: Sequence[EngineKey],
-    stored: StoredConfig,
-    candidates: Sequence[DraftCandidate],
-    settings: ControllerSettings,
-    memory: ControllerMemory,
+    candidates: Sequence[DraftCandidate], settings: ControllerSettings, memory: ControllerMemory
 ) -> frozenset[str]:
     """The candidate whose draft ran before the running one and left with acceptance below the swap floor
     (over its last trigger duration), until the running draft's acceptance falls into a new regime
@@ -369,20 +368,46 @@ def floored_out(
     otherwise. Its measured history pools the period it was good in with the fall that made it leave, so
     ranking it beyond failure would swap straight back. The running draft's acceptance settling or rising
     says nothing in the other draft's favour."""
-    swap = settings.policy.swap
     regime = memory.alpha_regime
-    if swap is None or not keys or regime is None or regime[1].direction < 0:
+    if settings.policy.swap is None or regime is None or regime[1].direction < 0:
         return frozenset()
+    previous = memory.floored_previous  # (:func:`previous_floored`, read once per running config)
+    spec = previous[1] if previous is not None else None
+    return frozenset() if spec is None else frozenset(c.name for c in candidates if same_draft(spec, c))
+
+
+def _with_floored_previous(
+    memory: ControllerMemory,
+    store: Store,
+    keys: Sequence[EngineKey],
+    stored: StoredConfig,
+    settings: ControllerSettings,
+) -> ControllerMemory:
+    """``memory`` with :func:`previous_floored`'s answer for ``stored`` (read once per running config)."""
+    cached = memory.floored_previous
+    if cached is not None and cached[0] == stored.id:
+        return memory
+    return replace(memory, floored_previous=(stored.id, previous_floored(store, keys, stored, settings)))
+
+
+def previous_floored(
+    store: Store, keys: Sequence[EngineKey], stored: StoredConfig, settings: ControllerSettings
+) -> SpecConfig | None:
+    """The config that ran before ``stored`` when it was another draft that left by the floor (applied by a
+    triggered swap, or with acceptance below the threshold over its last trigger duration); else None."""
+    swap = settings.policy.swap
+    if swap is None or not keys:
+        return None
     started = stored.config.started_at
     since = started - timedelta(seconds=settings.history_s)
     before = [c for c in store.configs(keys[0], since=since, until=started) if c.id != stored.id]
     if not before or before[-1].config.spec.draft == stored.config.spec.draft:
-        return frozenset()  # nothing ran before, or a K change: not a swap
+        return None  # nothing ran before, or a K change: not a swap
     previous = before[-1]
     floored = _applied_by_the_floor(store, stored)
     if not (floored or _left_low(store, keys, previous, swap.threshold, swap.duration_s)):
-        return frozenset()
-    return frozenset(c.name for c in candidates if same_draft(previous.config.spec, c))
+        return None
+    return previous.config.spec
 
 
 def _applied_by_the_floor(store: Store, stored: StoredConfig) -> bool:
