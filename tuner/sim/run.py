@@ -459,11 +459,6 @@ def _candidate(engine: SimEngine, name: str) -> dict[str, Any]:
         "cost_ratio": min(engine.cost[name].cost_ratio(1.0), 9.99),
         "prior_alpha": d.prior_alpha if d.prior_alpha is not None else 0.5,
     }
-    if d.draft_fixed_s is not None or d.draft_per_seq_s is not None:
-        # a fitted draft pass, as an operator who measured the draft gives it: no ratio of the target's pass
-        # says what a host-side proposer or a draft's own per-sequence cost does at 64 streams
-        cost = engine.cost[name]
-        entry.update(draft_fixed_s=cost.draft_fixed_s, draft_per_seq_s=cost.draft_per_seq_s)
     if d.path is not None:
         entry.update(
             model=d.path,

@@ -175,7 +175,7 @@ def test_switching_cost_payback() -> None:
     # 60 s downtime at 1.01× takes 6000 s to repay: more than the 3600 s horizon.
     block = check_switching_cost(SETTINGS, STATE, replace(GOOD, predicted_gain=1.01), T0)
     assert block is not None and block.reason is BlockReason.SWITCHING_COST and "6000 s" in block.message
-    assert check_switching_cost(SETTINGS, STATE, replace(GOOD, predicted_gain=1.02), T0) is None  # 3000 s
+    assert check_switching_cost(SETTINGS, STATE, replace(GOOD, predicted_gain=1.02), T0) is None  # 3060 s
     # a change without a restart costs nothing
     assert check_switching_cost(SETTINGS, STATE, replace(GOOD, predicted_gain=1.001, needs_restart=False), T0) is None
 
@@ -231,6 +231,16 @@ def test_switching_cost_is_weighed_over_the_remaining_regime() -> None:
     assert "remaining length" in short.message
     long = Proposal("x", 1.2, (1.1, 1.3), 10_000, 300.0, horizon_s=600.0)
     assert check_switching_cost(rails, ControllerState(), long, T0) is None
+
+
+def test_the_restarts_own_downtime_comes_out_of_the_remaining_regime() -> None:
+    # 90 s down, then 450 s at 1.2× to repay it: 540 s of regime needed. A regime with 500 s left repays
+    # the 90 s only if the new config served from the moment of the decision, which it cannot.
+    rails = GuardrailsSection(restart_downtime_s=90.0, payback_horizon_s=3600.0)
+    p = Proposal("x", 1.2, (1.1, 1.3), 10_000, 300.0, horizon_s=500.0)
+    block = check_switching_cost(rails, ControllerState(), p, T0)
+    assert block is not None and "450 s to repay after the 90-s restart (540 s in all)" in block.message
+    assert check_switching_cost(rails, ControllerState(), replace(p, horizon_s=541.0), T0) is None
 
 
 def test_a_change_that_commits_to_a_way_back_repays_both_restarts() -> None:
