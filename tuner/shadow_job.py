@@ -180,11 +180,16 @@ class ShadowJob:
             self.last = summary
             return summary
         env = {**os.environ, **spec.extra_env}
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tuner.shadow_job"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True, env=env,
-        )
+        # Started and registered under the lock that stop() takes after setting its flag: either stop() sees
+        # the child and kills it, or the child is never started (a stop between the two left a replay
+        # running for up to timeout_s and the daemon's shutdown waiting on it).
         with self._lock:
+            if self._stopping.is_set():
+                return self._stopped()
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "tuner.shadow_job"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, text=True, env=env,
+            )
             self._proc = proc
         try:
             stdout, stderr = proc.communicate(json.dumps(asdict(spec)), timeout=self.timeout_s)
@@ -197,8 +202,7 @@ class ShadowJob:
             with self._lock:
                 self._proc = None
         if self._stopping.is_set():
-            self.last = {"samples": 0, "candidates": [], "note": "stopped with the daemon"}
-            return self.last
+            return self._stopped()
         if proc.returncode != 0:
             why = (stderr.strip().splitlines() or ["(no output)"])[-1]
             return self._failed(now, f"the replay exited {proc.returncode}: {why}")
@@ -218,6 +222,10 @@ class ShadowJob:
         )])
         self.last = summary
         return summary
+
+    def _stopped(self) -> dict[str, Any]:
+        self.last = {"samples": 0, "candidates": [], "note": "stopped with the daemon"}
+        return self.last
 
     def _failed(self, now: datetime, message: str) -> dict[str, Any]:
         log.warning("shadow job: %s", message)

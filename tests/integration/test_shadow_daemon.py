@@ -148,3 +148,18 @@ def test_the_daemon_schedules_the_job_only_when_shadow_evaluates(tmp_path: Path)
         assert Daemon(config(tmp_path, db), store).shadow_job is not None
         assert Daemon(config(tmp_path, db, evaluate_interval_s=0), store).shadow_job is None
         assert Daemon(config(tmp_path, db, off=True), store).shadow_job is None
+
+
+def test_a_job_stopped_before_its_child_starts_never_starts_it(db_url: str, tmp_path: Path) -> None:
+    # stop() can land between a run's checks and its child's start; the child must then not start (it would
+    # run for up to timeout_s with the daemon's shutdown waiting on it)
+    write_target(tmp_path / "target")
+    record(tmp_path / "traffic")
+    cfg = config(tmp_path, db_url, evaluate_interval_s=60)
+    with Store(db_url) as store:
+        job = shadow_job(cfg, store, lambda: draft_candidates(cfg, store))
+        assert job is not None
+        job.stop()
+        assert job.run_once(T0) == {"samples": 0, "candidates": [], "note": "stopped with the daemon"}
+        assert not [e for e in store.events() if e.kind.startswith("shadow_")]
+        assert latest_shadow_results(store, T0 - timedelta(days=1)) == {}  # a child that ran would have stored α̂
