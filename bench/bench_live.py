@@ -17,7 +17,9 @@ best fixed config of each phase, switching for free.
 
 **spectuner** runs the whole phase plan once: the real daemon in auto mode, K tables set live
 through the plugin, a draft change restarts the engine behind the front door (drain-and-hold, so no
-client request fails), starting at medium/K = 3 (the usual hand-picked start).
+client request fails), starting at medium/K = 3 (the usual hand-picked start). Its ``[shadow]`` is on
+(``--shadow-interval-s``, 0: off): the front door records a share of the requests and every candidate is
+replayed on the newest of them, so a draft the engine is not running is ranked by its measured α.
 
 Reported, each with its 95 % interval (``bench/live_stats.py``): spectuner ÷ the per-phase oracle,
 ÷ the best single fixed config, ÷ medium/K = 3 (the start) and the worst phase ÷ no speculation; per
@@ -337,6 +339,13 @@ def run_spectuner(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                      "token_file": str(run_dir / "plugin.token")}
     doc["speculative"]["num_speculative_tokens"] = args.k_max
     doc["speculative"]["extra"] = {"num_speculative_tokens_per_batch_size": [[1, args.max_batch, args.start[1]]]}
+    if args.shadow_interval_s > 0:
+        # The front door records the traffic; every candidate is replayed on its newest samples, so a
+        # draft the engine is not running is ranked from measured α (docs/shadow.md), not from its prior.
+        doc["shadow"] = {"record_dir": str(run_dir / "traffic"), "record_sample_rate": args.shadow_sample_rate,
+                         "target": str(server.manifest.target.path), "evaluate_interval_s": args.shadow_interval_s,
+                         "max_samples": args.shadow_max_samples, "cpu_share": args.shadow_cpu_share,
+                         "k": 3, "timeout_s": 600.0}
     config = parse_config(doc, path="bench_live", base_dir=run_dir)
     client_url = f"http://127.0.0.1:{door}"
     with Store(db_url) as store:
@@ -378,6 +387,10 @@ def run_spectuner(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                     **{k: v for k, v in e.data.items() if k in ("status", "downtime_s", "strategy", "requests_held",
                                                                  "requests_failed", "longest_hold_s", "config")}}
                    for e in store.events() if isinstance(e.data, dict) and "downtime_s" in e.data]
+        shadow_runs = [{"at_s": round(e.ts.timestamp() - t_workload, 1), "kind": e.kind, "message": e.message[:200],
+                        **({k: e.data[k] for k in ("samples", "alpha") if k in e.data}
+                           if isinstance(e.data, dict) else {})}
+                       for e in store.events() if e.kind.startswith("shadow_")]
     if args.keep_db is not None:  # windows, per-step records and decisions, for reading the misses
         args.keep_db.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(run_dir / "spectuner.db", args.keep_db)
@@ -413,6 +426,7 @@ def run_spectuner(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         "start": f"{args.start[0]}/K={args.start[1]}", "startup_s": round(startup_s, 1), "phases": phases,
         "client_errors": len([r for r in load.requests if r.error is not None]) if load else 0,
         "changes": len(changes), "restarts": len(restarts), "config_timeline": changes, "applies": applies,
+        "shadow_runs": shadow_runs,
         "decisions": [{"status": d.status, "reason": d.decision.reason, "message": d.decision.message[:300]}
                       for d in decisions],
     }
@@ -536,6 +550,13 @@ def markdown(doc: dict[str, Any]) -> str:
         lines += ["", "| decided at (s) | serving from (s) | by | config |", "|---|---|---|---|"]
         lines += [f"| {_cell(c['decided_at_s'])} | {c['serving_at_s']} | {c['applied_by']} | {c['config']} |"
                   for c in sp["config_timeline"]]
+        if sp.get("shadow_runs"):
+            lines += ["", "Shadow replays of the recorded traffic (α̂ per candidate):", "",
+                      "| at (s) | samples | α̂ |", "|---|---|---|"]
+            lines += [f"| {r['at_s']} | {r.get('samples', '—')} | "
+                      + (", ".join(f"{n} {a:.3f}" if isinstance(a, float) else f"{n} —"
+                                   for n, a in (r.get("alpha") or {}).items()) or r["message"]) + " |"
+                      for r in sp["shadow_runs"]]
     return "\n".join(lines) + "\n"
 
 
@@ -596,6 +617,11 @@ def main() -> int:
     parser.add_argument("--fixed-from", type=Path, default=None,
                         help="with --no-fixed: ratios against the fixed cells of an earlier result file (not side "
                              "by side: machine drift between the runs is not controlled; the report says so)")
+    parser.add_argument("--shadow-interval-s", type=float, default=60.0,
+                        help="spectuner's [shadow] replay interval (s); 0: no shadow evaluation")
+    parser.add_argument("--shadow-sample-rate", type=float, default=0.5, help="share of requests recorded")
+    parser.add_argument("--shadow-max-samples", type=int, default=48, help="newest samples per replay")
+    parser.add_argument("--shadow-cpu-share", type=float, default=0.3, help="the replay's CPU cap (share of a core)")
     parser.add_argument("--keep-db", type=Path, default=None, help="copy spectuner's database here at the end")
     parser.add_argument("--out", default="live", help="result file stem under bench/results/")
     args = parser.parse_args()
