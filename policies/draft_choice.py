@@ -35,7 +35,7 @@ from policies.counters import SpecCounters
 from policies.dispersion import DispersionSums
 from policies.memory import FREE_METHODS, DraftFootprint, KvCapacity, MemoryBudget, weight_bytes
 from policies.spec_config import OFF, RESERVED_KEYS, KRow, SpecConfig, is_mtp_method
-from policies.speedup import check_alpha
+from policies.speedup import check_alpha, independent_ratio_interval
 from policies.step_cost import StepCostModel
 
 
@@ -485,8 +485,8 @@ def _rank(snapshot: DraftChoiceSnapshot) -> list[CandidateScore]:
 def _confidently_better(
     ranking: Sequence[CandidateScore], current: CandidateScore | None, trigger: TriggerCheck
 ) -> CandidateScore | None:
-    """Beyond failure: the best candidate whose predicted speedup's lower end is above the running draft's
-    upper end, once the running draft's evidence is as complete as the floor asks (the trigger's duration
+    """Beyond failure: the best candidate surely faster than the running draft (:func:`_beating`), once the
+    running draft's evidence is as complete as the floor asks (the trigger's duration
     covered, ``min_drafts`` drafts; the gain rail then asks for ``min_gain`` on top, the switching-cost
     rail for the payback); None: the running draft stays."""
     judged = trigger.reason in (TriggerReason.ABOVE_THRESHOLD, TriggerReason.RECOVERED)
@@ -496,8 +496,15 @@ def _confidently_better(
 
 
 def _beating(ranking: Sequence[CandidateScore], current: CandidateScore) -> CandidateScore | None:
-    """The candidate with the highest lower end among those whose lower end is above ``current``'s upper end."""
-    usable = [s for s in ranking if s.fits_memory and s.k > 0 and s.speedup_ci[0] > current.speedup_ci[1]]
+    """The candidate with the highest lower end among those surely faster than ``current``: the interval of
+    their speedups' ratio is above 1. The two come from independent evidence (each draft's own α), so the
+    ratio's interval combines theirs in quadrature (:func:`independent_ratio_interval`), not at opposite
+    ends, which would ask for far more than the stated confidence."""
+    usable = [
+        s for s in ranking
+        if s.fits_memory and s.k > 0
+        and independent_ratio_interval(s.speedup, s.speedup_ci, current.speedup, current.speedup_ci)[0] > 1.0
+    ]
     return max(usable, key=lambda s: s.speedup_ci[0], default=None)
 
 

@@ -52,3 +52,27 @@ def leviathan_speedup(alpha: float, k: int, cost_ratio: float) -> float:
 def check_cost_ratio(cost_ratio: float) -> None:
     if not (isinstance(cost_ratio, int | float) and math.isfinite(cost_ratio) and cost_ratio >= 0.0):
         raise ValueError(f"cost ratio c (draft step / target step) must be a finite number ≥ 0 but got {cost_ratio!r}")
+
+
+def independent_ratio_interval(
+    num: float, num_ci: tuple[float, float], den: float, den_ci: tuple[float, float]
+) -> tuple[float, float]:
+    """The interval of ``num / den`` when the two come from independent evidence, each with an interval at
+    the same confidence (two drafts' speedups: each from its own α evidence). The log-scale distances to
+    each end add in quadrature (the delta method on log num − log den). Dividing opposite ends instead
+    holds the ratio to a far higher confidence than either interval (~99.8 % for two 95 % ones), which
+    keeps a clearly better draft out. Non-positive inputs give ``(0, inf)`` where undefined."""
+    if num <= 0 or den <= 0:
+        return (0.0, math.inf)
+
+    def below(x: float, lo: float) -> float:  # log-distance from the point to its interval's lower end
+        return math.inf if lo <= 0 else max(0.0, math.log(x / lo))
+
+    def above(x: float, hi: float) -> float:
+        return max(0.0, math.log(hi / x)) if math.isfinite(hi) and hi > 0 else math.inf
+
+    ratio = num / den
+    down = math.hypot(below(num, num_ci[0]), above(den, den_ci[1]))
+    up = math.hypot(above(num, num_ci[1]), below(den, den_ci[0]))
+    lo = ratio * math.exp(-down) if math.isfinite(down) else 0.0
+    return (lo, ratio * math.exp(up) if math.isfinite(up) else math.inf)

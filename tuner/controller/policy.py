@@ -41,6 +41,7 @@ from policies.k_table import KTableSnapshot, k_table, off_gain_over_load, table_
 from policies.memory import DraftFootprint
 from policies.shadow_replay import with_shadow
 from policies.spec_config import OFF, KRow, SpecConfig, k_at, method_drafts_at_k0
+from policies.speedup import independent_ratio_interval
 from policies.step_cost import StepCostModel
 from tuner.controller.context import DecisionContext
 from tuner.controller.settings import PolicySettings
@@ -438,7 +439,9 @@ def propose_swap(ctx: DecisionContext, settings: PolicySettings) -> PolicyOutcom
         return PolicyOutcome(PolicyReason.KEEP, f"{decision.message} (no speedup estimate for the running draft)")
     cur_speedup, cur_ci = current
     gain = new_speedup / cur_speedup
-    gain_ci = (new_ci[0] / cur_ci[1], new_ci[1] / cur_ci[0])
+    # the two speedups rest on independent evidence (each draft's own α): their intervals combine in
+    # quadrature; a K change's gain (one draft, one α) keeps dividing opposite ends
+    gain_ci = independent_ratio_interval(new_speedup, new_ci, cur_speedup, cur_ci)
     return PolicyOutcome(reason, decision.message, target, gain, gain_ci, acceptance_low=low, details=details)
 
 

@@ -365,3 +365,18 @@ def test_a_measured_draft_pass_must_be_seconds() -> None:
         DraftCandidate("ngram", "ngram", draft_fixed_s=-0.001)
     with pytest.raises(ValueError, match="draft_per_seq_s"):
         DraftCandidate("ngram", "ngram", draft_per_seq_s=float("nan"))
+
+
+def test_a_candidate_is_surely_faster_by_the_interval_of_the_ratio_not_by_disjoint_intervals() -> None:
+    """Two drafts' speedups rest on independent evidence: the candidate is surely faster when the interval of
+    the ratio (theirs in quadrature) is above 1, though its own interval still overlaps the running draft's."""
+
+    def decide(alpha: float) -> DraftDecision:
+        history = {"small": AcceptanceEvidence(alpha * 3000, (1 - alpha) * 3000)}  # measured on this target
+        return choose_draft(snapshot(windows([0.7] * 10), candidates=(CURRENT, SMALL), history=history))
+
+    better = decide(0.73)
+    small = next(s for s in better.ranking if s.name == "small")
+    assert better.current is not None and small.speedup_ci[0] < better.current.speedup_ci[1]  # overlapping
+    assert better.reason is DraftReason.SWITCH_DRAFT and better.candidate is SMALL
+    assert decide(0.71).reason is DraftReason.KEEP_NOT_TRIGGERED  # within the noise of the running draft's 0.7
