@@ -854,3 +854,60 @@ def test_the_draft_the_floor_swapped_out_is_held_off_the_opportunistic_ranking_u
         assert floored == frozenset()
     finally:
         store.close()
+
+
+class LiveKActuator(FakeActuator):
+    """A K change of the running draft applies live (the plugin); another draft restarts."""
+
+    def needs_restart_for(self, config: VllmConfig) -> bool:
+        return config.get("model") != self.current.get("model")
+
+
+SWAP_TO_OTHER = {"method": "draft_model", "model": "/drafts/other", "num_speculative_tokens": 2}
+
+
+def swap_with_k_alternative(alt_gain_ci: tuple[float, float]) -> Any:
+    """Our policy seam: a swap beyond failure (1.2x) whose running draft's own K change (K 2 → 8, 1.15x)
+    is part of that gain."""
+    from tuner.controller.policy import PolicyOutcome, PolicyReason
+
+    def policy(ctx: Any) -> PolicyOutcome:
+        alt = PolicyOutcome(PolicyReason.CHANGE_K, "K 2 → 8.", SpecConfig.from_vllm(K8), 1.15, alt_gain_ci)
+        return PolicyOutcome(PolicyReason.SWAP_DRAFT, "other beats good.", SpecConfig.from_vllm(SWAP_TO_OTHER),
+                             1.2, (1.1, 1.3), alternative=alt)  # fmt: skip
+
+    return policy
+
+
+def test_a_swap_gives_way_to_a_live_k_change_that_is_part_of_its_gain(
+    world: tuple[Store, FakeClock, FakeActuator],
+) -> None:
+    store, clock, _ = world
+    act = LiveKActuator(K2, clock)
+    ctl = Controller(store, act, SETTINGS, clock, policy=swap_with_k_alternative((1.1, 1.2)))
+    assert ctl.decide(clock.advance(60)).action == "blocked"  # hysteresis, on the K change
+    assert ctl.decide(clock.advance(60)).action == "applied"
+    assert act.applied == [K8]  # live, no restart; the swap is judged again against it
+    decision = store.decisions()[-1].decision
+    assert decision.reason == "change_k" and "Taken before the swap it is part of (other beats good.)" in (
+        decision.message
+    )
+
+
+@pytest.mark.parametrize(
+    ("live_k", "alt_gain_ci"),
+    [(True, (1.0, 1.3)), (False, (1.1, 1.2))],
+    ids=["k-change-not-surely-worth-it", "every-change-restarts"],
+)
+def test_a_swap_stands_when_its_k_alternative_is_held_back_or_would_restart_too(
+    world: tuple[Store, FakeClock, FakeActuator], live_k: bool, alt_gain_ci: tuple[float, float]
+) -> None:
+    # held back by the gain rail, the K change leaves the swap to its own rails; with an actuator that
+    # restarts for every change, one restart for the whole gain beats two
+    store, clock, _ = world
+    act = LiveKActuator(K2, clock) if live_k else FakeActuator(K2, clock)
+    ctl = Controller(store, act, SETTINGS, clock, policy=swap_with_k_alternative(alt_gain_ci))
+    ctl.decide(clock.advance(60))
+    ctl.decide(clock.advance(60))
+    assert act.applied == [SWAP_TO_OTHER]
+    assert store.decisions()[-1].decision.reason == "swap_draft"

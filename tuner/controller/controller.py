@@ -29,6 +29,7 @@ from policies.draft_choice import DraftCandidate
 from policies.memory import check_memory
 from policies.spec_config import SpecConfig
 from tuner.actuators.base import Actuator
+from tuner.config import GuardrailsSection
 from tuner.controller import manual
 from tuner.controller.apply import apply_config, in_force, roll_back
 from tuner.controller.audit import CHANGE, CHANGE_SOURCES, TickResult, record_configs, write_event
@@ -37,7 +38,7 @@ from tuner.controller.canary import judge as judge_canary_here
 from tuner.controller.candidates import current_candidate
 from tuner.controller.context import ControllerMemory, DecisionContext, DecisionInputs, build_context
 from tuner.controller.evidence import summarize, window_batches, windows_under
-from tuner.controller.guardrails import ControllerState, Proposal, check_guardrails, next_streak
+from tuner.controller.guardrails import BlockReason, ControllerState, Proposal, check_guardrails, next_streak
 from tuner.controller.override_check import check_override
 from tuner.controller.policy import PolicyOutcome, propose
 from tuner.controller.recovery import config_to_start, recover
@@ -55,6 +56,14 @@ Candidates = Callable[[], Sequence[DraftCandidate]]
 VERIFIED_ACTIONS = (CHANGE, manual.OVERRIDE, manual.PROMOTE)
 SUPERSEDED = "superseded"  # an override replaced by a newer one before it was applied
 REJECTED = "rejected"  # an override the daemon's own config refuses (K range, unknown draft, memory budget)
+
+
+# rails that hold any change back alike (time, pause, the streak): a K change held by one of them is still
+# taken before a swap, which they would hold as well
+_SHARED_BLOCKS = frozenset({
+    BlockReason.PAUSED, BlockReason.PENDING_VERIFICATION, BlockReason.CANARY_ELSEWHERE, BlockReason.NOT_PERSISTENT,
+    BlockReason.COOLDOWN, BlockReason.TOO_MANY_CHANGES, BlockReason.OUTSIDE_MAINTENANCE_WINDOW,
+})  # fmt: skip
 
 
 class Controller:
@@ -220,9 +229,34 @@ class Controller:
         if outcome.target is None or outcome.predicted_gain is None or outcome.predicted_gain_ci is None:
             self.memory = replace(self.memory, streak=(None, 0))
             return TickResult("hold", outcome.reason.value, outcome.message)
-        target_fp = outcome.target.fingerprint
+        proposal, rails = self._proposal(ctx, outcome, keys, now)
+        alternative = self._live_alternative(ctx, outcome, proposal, state, keys, now)
+        if alternative is not None:
+            outcome, proposal, rails = alternative
+        block = check_guardrails(rails, state, proposal, now)
+        self.memory = replace(self.memory, streak=next_streak(state, proposal.streak_target))
+        inputs = ctx.to_inputs(outcome.details).to_json()
+        if block is not None:
+            return self._record_once(
+                ctx, outcome, inputs, DecisionStatus.BLOCKED, block.reason.value,
+                f"{outcome.message} Held back: {block.message}",
+            )  # fmt: skip
+        if not self.settings.auto:
+            return self._record_once(
+                ctx, outcome, inputs, DecisionStatus.ADVISORY, outcome.reason.value,
+                f"{outcome.message} (advisory mode: not applied)",
+            )  # fmt: skip
+        return self._apply_change(ctx, outcome, inputs)
+
+    def _proposal(
+        self, ctx: DecisionContext, outcome: PolicyOutcome, keys: Sequence[EngineKey], now: datetime
+    ) -> tuple[Proposal, GuardrailsSection]:
+        """What the rails judge of ``outcome`` (a target and a predicted gain), and the rails' settings with
+        the switching cost of its apply path."""
+        assert outcome.target is not None and outcome.predicted_gain is not None
+        assert outcome.predicted_gain_ci is not None
         proposal = Proposal(
-            target=target_fp,
+            target=outcome.target.fingerprint,
             predicted_gain=outcome.predicted_gain,
             predicted_gain_ci=outcome.predicted_gain_ci,
             # the evidence rail counts drafts as independent trials only up to the windows' over-dispersion
@@ -241,20 +275,36 @@ class Controller:
         cost_s = self.switching_cost_s(outcome.target, now)
         if cost_s is not None:
             rails = rails.model_copy(update={"restart_downtime_s": cost_s})
-        block = check_guardrails(rails, state, proposal, now)
-        self.memory = replace(self.memory, streak=next_streak(state, proposal.streak_target))
-        inputs = ctx.to_inputs(outcome.details).to_json()
-        if block is not None:
-            return self._record_once(
-                ctx, outcome, inputs, DecisionStatus.BLOCKED, block.reason.value,
-                f"{outcome.message} Held back: {block.message}",
-            )  # fmt: skip
-        if not self.settings.auto:
-            return self._record_once(
-                ctx, outcome, inputs, DecisionStatus.ADVISORY, outcome.reason.value,
-                f"{outcome.message} (advisory mode: not applied)",
-            )  # fmt: skip
-        return self._apply_change(ctx, outcome, inputs)
+        return proposal, rails
+
+    def _live_alternative(
+        self,
+        ctx: DecisionContext,
+        outcome: PolicyOutcome,
+        proposal: Proposal,
+        state: ControllerState,
+        keys: Sequence[EngineKey],
+        now: datetime,
+    ) -> tuple[PolicyOutcome, Proposal, GuardrailsSection] | None:
+        """The least disruptive path first: a swap beyond failure that needs a restart gives way to the
+        running draft's own K proposal when that one applies without a restart and no rail holds it back
+        for its own sake (a time or streak rail holds either change alike, and the streak then builds on
+        the K change); the swap is judged again against the config it leaves in force. None: the swap
+        stands."""
+        alt = outcome.alternative
+        if alt is None or alt.target is None or alt.predicted_gain is None or not proposal.needs_restart:
+            return None
+        alt_proposal, alt_rails = self._proposal(ctx, alt, keys, now)
+        if alt_proposal.needs_restart:
+            return None
+        block = check_guardrails(alt_rails, state, alt_proposal, now)
+        if block is not None and block.reason not in _SHARED_BLOCKS:
+            return None  # the K change itself is held back (evidence, gain, a known bad K): the swap stands
+        message = (
+            f"{alt.message} Taken before the swap it is part of ({outcome.message}): it needs no restart; the "
+            "swap is judged again against it."
+        )
+        return replace(alt, message=message), alt_proposal, alt_rails
 
     def _apply_change(self, ctx: DecisionContext, outcome: PolicyOutcome, inputs: dict[str, object]) -> TickResult:
         """Auto mode, every rail passed: audit the change as ``applying``, then apply it (as a canary when

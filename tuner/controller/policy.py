@@ -88,6 +88,10 @@ class PolicyOutcome:
     # what makes two proposals in a row the same change for the streak rail (None: the target's
     # fingerprint): a table's K at the batch sizes the load runs, not its rows elsewhere, which move with noise
     streak_key: str | None = None
+    # a swap beyond failure's less disruptive alternative: the running draft's own K proposal. Its predicted
+    # gain is part of the swap's (both are measured against the config in force), so when it applies without
+    # a restart and passes the rails the controller takes it first and judges the swap again against it
+    alternative: PolicyOutcome | None = None
 
 
 def step_cost_model(ctx: DecisionContext, settings: PolicySettings) -> StepCostModel:
@@ -104,9 +108,17 @@ def propose(ctx: DecisionContext, settings: PolicySettings) -> PolicyOutcome:
     if not ctx.current.speculates:
         return propose_enable(ctx, settings)
     swap = propose_swap(ctx, settings)
+    if swap is not None and swap.target is not None and swap.acceptance_low is None:
+        # beyond failure, the running draft is still good: what a K change of its own would gain is no
+        # reason to restart onto another draft (5 Dec 14:39 live: medium at K = 3 under 64 streams, where
+        # its table would run K = 1, restarted onto good for 1.02x at equal K)
+        tuned = _tune_k(ctx, settings)
+        if tuned.target is not None and tuned.predicted_gain_ci is not None and tuned.predicted_gain_ci[0] > 1.0:
+            return replace(swap, alternative=tuned)
+        return swap
     if swap is not None and (swap.target is not None or swap.swap_pending):
         return swap
-    tuned = propose_k_table(ctx, settings) if settings.policy.per_batch_size else propose_k(ctx, settings)
+    tuned = _tune_k(ctx, settings)
     if swap is not None and swap.details:
         # acceptance is low but nothing beats the running draft: say so next to the K decision
         return PolicyOutcome(
@@ -119,6 +131,10 @@ def propose(ctx: DecisionContext, settings: PolicySettings) -> PolicyOutcome:
             details={**tuned.details, **swap.details},
         )
     return tuned
+
+
+def _tune_k(ctx: DecisionContext, settings: PolicySettings) -> PolicyOutcome:
+    return propose_k_table(ctx, settings) if settings.policy.per_batch_size else propose_k(ctx, settings)
 
 
 def _measured(ctx: DecisionContext, settings: PolicySettings) -> PolicyOutcome | AcceptanceChoice:

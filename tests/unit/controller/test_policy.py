@@ -74,6 +74,7 @@ def test_weak_draft_is_swapped_for_the_best_candidate() -> None:
     assert out.details is not None and "acceptance_low" in out.details
     assert out.acceptance_low is not None and out.acceptance_low == out.details["acceptance_low"]
     assert out.details["trigger"]["upper"] < 0.4
+    assert out.alternative is None  # below the floor the draft goes: no K change of it is offered instead
 
 
 def test_a_candidate_that_failed_to_start_is_not_proposed_again() -> None:
@@ -101,6 +102,12 @@ def test_a_candidate_that_confidently_beats_a_good_draft_is_proposed_beyond_fail
     assert out.target is not None and out.target.model == "/models/good"
     assert out.acceptance_low is None and "acceptance_low" not in (out.details or {})
     assert out.predicted_gain_ci is not None and out.predicted_gain_ci[0] > 1.0
+    # medium's own K change (K = 1 is far from its best) is part of that gain: it comes with the swap, for
+    # the controller to take first where it applies without a restart
+    alt = out.alternative
+    assert alt is not None and alt.reason is PolicyReason.CHANGE_K and alt.target is not None
+    assert alt.target.model == "/models/medium" and (alt.target.k or 0) > 1
+    assert alt.predicted_gain_ci is not None and alt.predicted_gain_ci[0] > 1.0
 
 
 def test_too_little_evidence_never_swaps() -> None:
