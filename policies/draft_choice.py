@@ -486,9 +486,9 @@ def _confidently_better(
     ranking: Sequence[CandidateScore], current: CandidateScore | None, trigger: TriggerCheck
 ) -> CandidateScore | None:
     """Beyond failure: the best candidate surely faster than the running draft (:func:`_beating`), once the
-    running draft's evidence is as complete as the floor asks (the trigger's duration
-    covered, ``min_drafts`` drafts; the gain rail then asks for ``min_gain`` on top, the switching-cost
-    rail for the payback); None: the running draft stays."""
+    running draft's evidence is as complete as the floor asks (the trigger's duration covered,
+    ``min_drafts`` drafts; the gain rail then asks for ``min_gain`` on top, the switching-cost rail for the
+    payback); None: the running draft stays."""
     judged = trigger.reason in (TriggerReason.ABOVE_THRESHOLD, TriggerReason.RECOVERED)
     if current is None or current.k <= 0 or not judged:
         return None
