@@ -345,7 +345,7 @@ def run_spectuner(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         doc["shadow"] = {"record_dir": str(run_dir / "traffic"), "record_sample_rate": args.shadow_sample_rate,
                          "target": str(server.manifest.target.path), "evaluate_interval_s": args.shadow_interval_s,
                          "max_samples": args.shadow_max_samples, "cpu_share": args.shadow_cpu_share,
-                         "k": 3, "timeout_s": 600.0}
+                         "nice": args.shadow_nice, "k": 3, "timeout_s": 600.0}
     config = parse_config(doc, path="bench_live", base_dir=run_dir)
     client_url = f"http://127.0.0.1:{door}"
     with Store(db_url) as store:
@@ -388,7 +388,7 @@ def run_spectuner(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                                                                  "requests_failed", "longest_hold_s", "config")}}
                    for e in store.events() if isinstance(e.data, dict) and "downtime_s" in e.data]
         shadow_runs = [{"at_s": round(e.ts.timestamp() - t_workload, 1), "kind": e.kind, "message": e.message[:200],
-                        **({k: e.data[k] for k in ("samples", "alpha") if k in e.data}
+                        **({k: e.data[k] for k in ("samples", "alpha", "wall_s") if k in e.data}
                            if isinstance(e.data, dict) else {})}
                        for e in store.events() if e.kind.startswith("shadow_")]
     if args.keep_db is not None:  # windows, per-step records and decisions, for reading the misses
@@ -427,6 +427,9 @@ def run_spectuner(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         "client_errors": len([r for r in load.requests if r.error is not None]) if load else 0,
         "changes": len(changes), "restarts": len(restarts), "config_timeline": changes, "applies": applies,
         "shadow_runs": shadow_runs,
+        "shadow_settings": None if args.shadow_interval_s <= 0 else {
+            "interval_s": args.shadow_interval_s, "sample_rate": args.shadow_sample_rate,
+            "max_samples": args.shadow_max_samples, "cpu_share": args.shadow_cpu_share, "nice": args.shadow_nice},
         "decisions": [{"status": d.status, "reason": d.decision.reason, "message": d.decision.message[:300]}
                       for d in decisions],
     }
@@ -552,8 +555,8 @@ def markdown(doc: dict[str, Any]) -> str:
                   for c in sp["config_timeline"]]
         if sp.get("shadow_runs"):
             lines += ["", "Shadow replays of the recorded traffic (α̂ per candidate):", "",
-                      "| at (s) | samples | α̂ |", "|---|---|---|"]
-            lines += [f"| {r['at_s']} | {r.get('samples', '—')} | "
+                      "| started at (s) | took (s) | samples | α̂ |", "|---|---|---|---|"]
+            lines += [f"| {r['at_s']} | {r.get('wall_s', '—')} | {r.get('samples', '—')} | "
                       + (", ".join(f"{n} {a:.3f}" if isinstance(a, float) else f"{n} —"
                                    for n, a in (r.get("alpha") or {}).items()) or r["message"]) + " |"
                       for r in sp["shadow_runs"]]
@@ -617,11 +620,15 @@ def main() -> int:
     parser.add_argument("--fixed-from", type=Path, default=None,
                         help="with --no-fixed: ratios against the fixed cells of an earlier result file (not side "
                              "by side: machine drift between the runs is not controlled; the report says so)")
-    parser.add_argument("--shadow-interval-s", type=float, default=60.0,
+    parser.add_argument("--shadow-interval-s", type=float, default=90.0,
                         help="spectuner's [shadow] replay interval (s); 0: no shadow evaluation")
     parser.add_argument("--shadow-sample-rate", type=float, default=0.5, help="share of requests recorded")
     parser.add_argument("--shadow-max-samples", type=int, default=48, help="newest samples per replay")
     parser.add_argument("--shadow-cpu-share", type=float, default=0.3, help="the replay's CPU cap (share of a core)")
+    # nice 19 starves the replay for minutes where the CPU engine keeps both cores busy (5 Dec 13:51 run:
+    # its first run took 5 min); at 10 it gets ~10 % of a core, under the CPU-share cap.
+    parser.add_argument("--shadow-nice", type=int, default=10, choices=range(0, 20), metavar="0..19",
+                        help="the replay child's priority drop")
     parser.add_argument("--keep-db", type=Path, default=None, help="copy spectuner's database here at the end")
     parser.add_argument("--out", default="live", help="result file stem under bench/results/")
     args = parser.parse_args()

@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -191,6 +192,7 @@ class ShadowJob:
                 stderr=subprocess.PIPE, text=True, env=env,
             )
             self._proc = proc
+        started = time.monotonic()
         try:
             stdout, stderr = proc.communicate(json.dumps(asdict(spec)), timeout=self.timeout_s)
         except subprocess.TimeoutExpired:
@@ -217,7 +219,8 @@ class ShadowJob:
         self.store.write_events([EventRecord(
             ts=now, kind="shadow_evaluated", engine=self.engine_key,
             message=f"shadow replay of {summary['samples']} recorded requests: {text or 'no candidate replayed'}",
-            data={"samples": summary["samples"], "alpha": measured,
+            # how long the run took: a starved replay (a busy host, nice too high) shows here
+            data={"samples": summary["samples"], "alpha": measured, "wall_s": round(time.monotonic() - started, 1),
                   "skipped": {r["candidate"]: r["skipped"] for r in summary["candidates"] if r.get("skipped")}},
         )])
         self.last = summary

@@ -113,6 +113,7 @@ def test_the_daemons_job_replays_the_record_in_a_child_and_stores_ngram_alpha(db
         assert stored["lookup"].alpha == pytest.approx(row["alpha"])  # what the controller's context reads
         (event,) = [e for e in store.events() if e.kind == "shadow_evaluated"]
         assert "lookup α̂" in event.message and event.data["samples"] == 2
+        assert event.data["wall_s"] > 0  # how long the child ran: a starved replay shows here
 
 
 def test_a_failing_or_overrunning_replay_is_an_event_not_an_exception(db_url: str, tmp_path: Path) -> None:

@@ -55,11 +55,11 @@ def test_the_report_lists_each_shadow_replay_with_its_candidates_alpha() -> None
     doc = json.loads(EARLIER.read_text())
     doc["spectuner"]["shadow_runs"] = [
         {"at_s": 61.2, "kind": "shadow_evaluated", "message": "shadow replay of 17 recorded requests: …",
-         "samples": 17, "alpha": {"good": 0.966, "ngram": None}},
+         "samples": 17, "alpha": {"good": 0.966, "ngram": None}, "wall_s": 41.5},
         {"at_s": 121.0, "kind": "shadow_failed", "message": "the replay exited 1: no tokenizer"},
     ]
     text = bench_live.markdown(doc)
-    assert "| 61.2 | 17 | good 0.966, ngram — |" in text
-    assert "| 121.0 | — | the replay exited 1: no tokenizer |" in text
+    assert "| 61.2 | 41.5 | 17 | good 0.966, ngram — |" in text
+    assert "| 121.0 | — | — | the replay exited 1: no tokenizer |" in text
     del doc["spectuner"]["shadow_runs"]  # a run without [shadow] (or an earlier file): no such table
     assert "Shadow replays" not in bench_live.markdown(doc)
