@@ -697,6 +697,57 @@ def test_k_is_chosen_for_a_sustained_load_within_minutes_and_never_for_a_burst(d
         assert ctx.regime_remaining_s == pytest.approx(300.0)  # the burst on record lasted 180 s: Lindy
 
 
+def test_shadow_replays_from_before_the_traffic_moved_are_not_read_even_after_our_own_swap(db_url: str) -> None:
+    """A candidate replayed while the prompts were easy says nothing about them once the running draft's
+    acceptance has fallen with the traffic: set against the running draft's α now, it would swap to a
+    draft that was better on the old mix. Our own swap restarts the acceptance tracker (another draft is
+    another α) but not the traffic: the cut holds across it. A replay after the move is read."""
+    from policies.acceptance import AcceptanceEvidence
+    from policies.draft_choice import DraftCandidate, DraftTriggerConfig
+    from tuner.controller.context import ControllerMemory, build_context
+    from tuner.store.shadow import ShadowResult, write_shadow_result
+
+    other = DraftCandidate("other", "draft_model", "/drafts/other")
+    good = DraftCandidate("good", "draft_model", "/drafts/good")
+    policy = replace(SETTINGS.policy, swap=DraftTriggerConfig(duration_s=200, min_drafts=500, segments=2))
+    settings = replace(SETTINGS, policy=policy)
+
+    def replay(at: datetime) -> None:
+        ev = AcceptanceEvidence(successes=2700.0, failures=300.0, drafts=1000.0)
+        write_shadow_result(store, ShadowResult("other", "draft_model", "/drafts/other", at, 48, 3000, 3, ev, 0.9,
+                                                (0.89, 0.91), False, "ok"))  # fmt: skip
+
+    with Store(db_url) as store:
+        store.record_config(KEY, config_record(K2, T0, AppliedBy.STARTUP))
+        stored = store.current_config(KEY)
+        assert stored is not None
+        memory = ControllerMemory()
+        now = T0
+
+        def minutes(n: int, alpha: float) -> dict[str, Any]:
+            nonlocal now, memory
+            shadow: dict[str, Any] = {}
+            for _ in range(n):
+                now = write_windows(store, now, 6, k=2, rate=100.0, alpha=alpha)
+                current = store.current_config(KEY)
+                assert current is not None
+                ctx, memory = build_context(store, [KEY], current, now, settings, [good, other], [], memory)
+                shadow = dict(ctx.shadow)
+            return shadow
+
+        minutes(10, 0.8)
+        replay(now)
+        assert set(minutes(5, 0.8)) == {"other"}  # the same traffic: read
+        assert minutes(5, 0.3) == {}  # the running draft's acceptance fell with the traffic: not read
+        moved = memory.alpha_moved_at
+        assert moved is not None and T0 + timedelta(minutes=15) <= moved <= T0 + timedelta(minutes=16)
+        store.record_config(KEY, config_record({**K2, "model": "/drafts/third"}, now, AppliedBy.RESTART))
+        assert minutes(3, 0.5) == {}  # our own swap began this regime: the cut holds
+        assert memory.alpha_moved_at == moved
+        replay(now)
+        assert set(minutes(1, 0.5)) == {"other"}  # replayed after the move: read
+
+
 def test_a_running_periods_history_is_read_incrementally_and_adds_up(db_url: str) -> None:
     """A draft in force for days must not make every tick re-read its windows: the cached history reads
     only what ended since the last tick (less the settle margin), and always equals a full re-read."""
@@ -866,7 +917,9 @@ class LiveKActuator(FakeActuator):
 SWAP_TO_OTHER = {"method": "draft_model", "model": "/drafts/other", "num_speculative_tokens": 2}
 
 
-def swap_with_k_alternative(alt_gain_ci: tuple[float, float]) -> Any:
+def swap_with_k_alternative(
+    alt_gain_ci: tuple[float, float], swap_gain: tuple[float, tuple[float, float]] = (1.2, (1.1, 1.3))
+) -> Any:
     """Our policy seam: a swap beyond failure (1.2x) whose running draft's own K change (K 2 → 8, 1.15x)
     is part of that gain."""
     from tuner.controller.policy import PolicyOutcome, PolicyReason
@@ -874,7 +927,7 @@ def swap_with_k_alternative(alt_gain_ci: tuple[float, float]) -> Any:
     def policy(ctx: Any) -> PolicyOutcome:
         alt = PolicyOutcome(PolicyReason.CHANGE_K, "K 2 → 8.", SpecConfig.from_vllm(K8), 1.15, alt_gain_ci)
         return PolicyOutcome(PolicyReason.SWAP_DRAFT, "other beats good.", SpecConfig.from_vllm(SWAP_TO_OTHER),
-                             1.2, (1.1, 1.3), alternative=alt)  # fmt: skip
+                             *swap_gain, alternative=alt)  # fmt: skip
 
     return policy
 
@@ -892,6 +945,23 @@ def test_a_swap_gives_way_to_a_live_k_change_that_is_part_of_its_gain(
     assert decision.reason == "change_k" and "Taken before the swap it is part of (other beats good.)" in (
         decision.message
     )
+
+
+def test_a_swap_surely_worth_its_restart_beyond_the_k_change_does_not_wait_for_it(
+    world: tuple[Store, FakeClock, FakeActuator],
+) -> None:
+    # 2.2x against the config in force, of which the K change is 1.15x: ~1.9x beyond it, surely above the
+    # gain bar and repaid long before the horizon; the K change would only delay the swap it is part of
+    store, clock, _ = world
+    act = LiveKActuator(K2, clock)
+    ctl = Controller(store, act, SETTINGS, clock, policy=swap_with_k_alternative((1.1, 1.2), (2.2, (2.1, 2.3))))
+    first = ctl.decide(clock.advance(60))
+    assert first.action == "blocked" and first.reason == "not_persistent"  # the streak builds on the swap
+    assert store.decisions()[-1].decision.reason == "not_persistent"
+    assert "Taken before the swap" not in store.decisions()[-1].decision.message
+    assert ctl.decide(clock.advance(60)).action == "applied"
+    assert act.applied == [SWAP_TO_OTHER]
+    assert store.decisions()[-1].decision.reason == "swap_draft"
 
 
 @pytest.mark.parametrize(

@@ -249,6 +249,9 @@ class ControllerMemory:
     alpha_regime: tuple[tuple[str, str | None] | None, RegimeTracker] | None = None
     # load regimes (requests running + waiting over a decide interval, under any config)
     load_regime: RegimeTracker | None = None
+    # when the running draft's acceptance last moved with the traffic (a regime the traffic began; kept
+    # across our own swaps, which restart the tracker): candidates' shadow replays before it are stale
+    alpha_moved_at: datetime | None = None
     # (running config's id, the draft the floor swapped away from before it, or None): read once per
     # config — what ran before a config and how it left do not change while it runs
     floored_previous: tuple[int, SpecConfig | None] | None = None
@@ -297,10 +300,23 @@ def build_context(
         candidates=tuple(everyone),
         trigger_windows=spec_windows(store, keys, stored, now, settings.policy.swap.duration_s),
         history=measured_history(store, keys, now, settings.history_s, everyone, same_draft, memory.history),
-        shadow=shadow_evidence(store, now - timedelta(seconds=settings.history_s), [c.name for c in everyone]),
+        shadow=shadow_evidence(store, shadow_since(now, settings, memory), [c.name for c in everyone]),
         failed_candidates=frozenset(c.name for c in everyone if any(same_draft(f, c) for f in failed)),
         floored=floored_out(everyone, settings, memory),
     ), memory
+
+
+def shadow_since(now: datetime, settings: ControllerSettings, memory: ControllerMemory) -> datetime:
+    """The oldest shadow result the draft choice reads: within ``history_s``, and not from before the
+    running draft's acceptance last moved with the traffic (``ControllerMemory.alpha_moved_at``; a regime
+    our own swap began does not count): a replay from before measured the candidates on another prompt
+    mix, and set against the running draft's α now it swaps to a draft that was better there (lab_phases
+    in the simulator, shadow on: good on hard prompts swapped back to medium on medium's replay of
+    predictable prompts)."""
+    since = now - timedelta(seconds=settings.history_s)
+    if memory.alpha_moved_at is not None:
+        since = max(since, memory.alpha_moved_at)
+    return since
 
 
 def revival_candidates(
@@ -536,7 +552,10 @@ def _with_regimes(
         if seen != draft:  # another draft is another α: a regime we began, not one the traffic ended
             alpha = restart(alpha, ctx.now)
     alpha = observe(alpha, ctx.now, ctx.recent_alpha)
-    memory = replace(memory, alpha_regime=(draft, alpha))
+    moved_at = memory.alpha_moved_at
+    if alpha.direction != 0 and alpha.started is not None and (moved_at is None or alpha.started > moved_at):
+        moved_at = alpha.started
+    memory = replace(memory, alpha_regime=(draft, alpha), alpha_moved_at=moved_at)
     remaining = remaining_s(alpha, ctx.now)
     return replace(ctx, regime_remaining_s=remaining if math.isfinite(remaining) else None), memory
 

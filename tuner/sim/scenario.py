@@ -241,7 +241,8 @@ class BaselineSection(_Section):
 
 
 class ShadowSection(_Section):
-    """Shadow evaluation of the drafts on sampled traffic (docs/shadow.md): every ``interval_s`` each
+    """Shadow evaluation of the drafts on sampled traffic (docs/shadow.md): every ``interval_s`` (the
+    first one ``interval_s`` after the start, as the daemon's job) each
     draft model and ngram candidate gets α evidence from ``tokens_per_run`` replayed output tokens
     (binomially noisy), off by a per-run error of sd ``bias_sd`` (replay against serving); EAGLE-style
     heads are not shadow-evaluated (they need the target's hidden states)."""
@@ -250,6 +251,7 @@ class ShadowSection(_Section):
     tokens_per_run: int = Field(default=2000, ge=1, description="recorded output tokens replayed per run")
     k: int = Field(default=3, ge=1, le=16, description="K the replay drafts with")
     bias_sd: float = Field(default=0.0, ge=0, lt=0.5, description="per-run error of the shadow α")
+    run_s: float = Field(default=0.0, ge=0, description="a run's duration: its evidence lands this long after")
 
 
 class Scenario(_Section):

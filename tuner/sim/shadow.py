@@ -6,6 +6,7 @@ error between replay and serving."""
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
 
 import numpy as np
@@ -21,20 +22,35 @@ HEAD_METHODS = frozenset({"eagle", "eagle3"})
 
 
 class ShadowFeed:
+    """Runs as the daemon's shadow job does: the first run one ``interval_s`` after the start (an interval
+    job), each run's evidence stored ``run_s`` after it starts (the replay takes that long)."""
+
     def __init__(self, scenario: Scenario, section: ShadowSection, engine: SimEngine, rng: np.random.Generator):
         self.scenario = scenario
         self.section = section
         self.engine = engine
         self.rng = rng
-        self.next_s = 0.0
+        self.next_s = section.interval_s
         self.runs = 0
+        self._landing: list[tuple[float, ShadowResult]] = []
 
     def tick(self, now: datetime, t_s: float, store: Store) -> None:
-        """Run the shadow evaluation when its interval is due (``t_s``: seconds into the scenario)."""
-        if t_s + 1e-9 < self.next_s:
-            return
-        self.next_s = t_s + self.section.interval_s
-        self.runs += 1
+        """Run the shadow evaluation when its interval is due and store the runs that have finished
+        (``t_s``: seconds into the scenario)."""
+        if t_s + 1e-9 >= self.next_s:
+            # a run still going when the interval fires again skips that firing (max_instances = 1 in
+            # the daemon's scheduler): the next run is the first firing after this one ends
+            every = self.section.interval_s
+            self.next_s = t_s + every * max(1, math.ceil(self.section.run_s / every - 1e-9))
+            self.runs += 1
+            self._landing += [(t_s + self.section.run_s, r) for r in self._evaluate(now, t_s)]
+        due = [r for at_s, r in self._landing if at_s <= t_s + 1e-9]
+        self._landing = [(at_s, r) for at_s, r in self._landing if at_s > t_s + 1e-9]
+        for r in due:
+            write_shadow_result(store, r)
+
+    def _evaluate(self, now: datetime, t_s: float) -> list[ShadowResult]:
+        results = []
         for d in self.scenario.drafts:
             if d.method in HEAD_METHODS:
                 continue  # needs a canary
@@ -43,11 +59,10 @@ class ShadowFeed:
                             0.0), 0.999)
             replay = self._replay(alpha)
             a, ci = estimate_alpha_from_evidence(replay.evidence)
-            write_shadow_result(
-                store,
-                ShadowResult(d.name, d.method, None, now, replay.samples, replay.output_tokens, self.section.k,
-                             replay.evidence, a, ci, False, "simulated", {"simulated_alpha": alpha}),
-            )
+            results.append(ShadowResult(d.name, d.method, None, now, replay.samples, replay.output_tokens,
+                                        self.section.k, replay.evidence, a, ci, False, "simulated",
+                                        {"simulated_alpha": alpha}))
+        return results
 
     def _replay(self, alpha: float) -> ReplayResult:
         k = self.section.k

@@ -289,6 +289,38 @@ def test_shadow_evidence_steers_the_swap_away_from_an_optimistic_prior() -> None
     assert outcomes["shadow"][-1][1].startswith("llama-1b/"), outcomes
 
 
+def test_shadow_runs_start_one_interval_in_and_their_evidence_lands_when_the_run_ends() -> None:
+    # as the daemon's interval job: nothing at the start; a run started at 90 s lands at 130 s; a run
+    # longer than the interval skips the interval it overlaps (max_instances = 1)
+    from datetime import timedelta
+
+    from tuner.sim.shadow import ShadowFeed
+    from tuner.store.shadow import latest_shadow_results
+
+    scenario = bench_scenario("lab_phases", shadow={"interval_s": 90, "tokens_per_run": 500, "run_s": 40})
+    assert scenario.shadow is not None
+    feed = ShadowFeed(scenario, scenario.shadow, SimEngine(scenario), np.random.default_rng(0))
+    landed: dict[float, set[Any]] = {}
+    with StoreFactory() as stores:
+        store = stores.new()
+        for t in range(0, 400, 5):
+            feed.tick(T0 + timedelta(seconds=t), float(t), store)
+            landed[t] = {r.computed_at for r in latest_shadow_results(store).values()}
+        store.close()
+    assert landed[85] == landed[125] == set()
+    assert landed[130] == {T0 + timedelta(seconds=90)}  # stamped with the run's start, stored at its end
+    assert landed[310] == {T0 + timedelta(seconds=270)}
+    assert feed.runs == 4  # at 90, 180, 270, 360 s
+    slow = ShadowFeed(scenario, scenario.shadow.model_copy(update={"run_s": 150}), SimEngine(scenario),
+                      np.random.default_rng(0))
+    with StoreFactory() as stores:
+        store = stores.new()
+        for t in range(0, 400, 5):
+            slow.tick(T0 + timedelta(seconds=t), float(t), store)
+        store.close()
+    assert slow.runs == 2  # at 90 and 270 s: a run takes 150 s, so the firing at 180 s is skipped
+
+
 def test_live_k_engine_changes_k_without_a_restart_and_restarts_for_another_draft() -> None:
     scenario = bench_scenario("lab_gpu_like", engine={"live_k_max": 5})
     engine = SimEngine(scenario)
