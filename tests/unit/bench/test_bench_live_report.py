@@ -61,5 +61,9 @@ def test_the_report_lists_each_shadow_replay_with_its_candidates_alpha() -> None
     text = bench_live.markdown(doc)
     assert "| 61.2 | 41.5 | 17 | good 0.966, ngram — |" in text
     assert "| 121.0 | — | — | the replay exited 1: no tokenizer |" in text
+    doc["spectuner"]["client_error_samples"] = [
+        {"start_s": 401.2, "end_s": 415.0, "tokens": 12, "error": "RemoteProtocolError: peer closed connection"}
+    ]
+    assert "| 401.2 | 415.0 | 12 | RemoteProtocolError: peer closed connection |" in bench_live.markdown(doc)
     del doc["spectuner"]["shadow_runs"]  # a run without [shadow] (or an earlier file): no such table
     assert "Shadow replays" not in bench_live.markdown(doc)
