@@ -697,11 +697,13 @@ def test_k_is_chosen_for_a_sustained_load_within_minutes_and_never_for_a_burst(d
         assert ctx.regime_remaining_s == pytest.approx(300.0)  # the burst on record lasted 180 s: Lindy
 
 
-def test_shadow_replays_from_before_the_traffic_moved_are_not_read_even_after_our_own_swap(db_url: str) -> None:
-    """A candidate replayed while the prompts were easy says nothing about them once the running draft's
-    acceptance has fallen with the traffic: set against the running draft's α now, it would swap to a
-    draft that was better on the old mix. Our own swap restarts the acceptance tracker (another draft is
-    another α) but not the traffic: the cut holds across it. A replay after the move is read."""
+def test_a_shadow_replay_from_before_the_traffic_moved_weighs_no_more_than_the_prior(db_url: str) -> None:
+    """A candidate replayed while the prompts were easy says little about them once the running draft's
+    acceptance has fallen with the traffic: set against the running draft's α now at full weight, it
+    would swap to a draft that was better on the old mix; dropped, an optimistic prior would stand alone.
+    It is kept at the prior's weight (``prior_strength_trials``). Our own swap restarts the acceptance
+    tracker (another draft is another α) but not the traffic: the cap holds across it. A replay after the
+    move counts in full."""
     from policies.acceptance import AcceptanceEvidence
     from policies.draft_choice import DraftCandidate, DraftTriggerConfig
     from tuner.controller.context import ControllerMemory, build_context
@@ -709,43 +711,44 @@ def test_shadow_replays_from_before_the_traffic_moved_are_not_read_even_after_ou
 
     other = DraftCandidate("other", "draft_model", "/drafts/other")
     good = DraftCandidate("good", "draft_model", "/drafts/good")
-    policy = replace(SETTINGS.policy, swap=DraftTriggerConfig(duration_s=200, min_drafts=500, segments=2))
-    settings = replace(SETTINGS, policy=policy)
+    swap = DraftTriggerConfig(duration_s=200, min_drafts=500, segments=2, prior_strength_trials=150.0)
+    settings = replace(SETTINGS, policy=replace(SETTINGS.policy, swap=swap))
+    full = AcceptanceEvidence(successes=2700.0, failures=300.0, drafts=1000.0)
 
     def replay(at: datetime) -> None:
-        ev = AcceptanceEvidence(successes=2700.0, failures=300.0, drafts=1000.0)
-        write_shadow_result(store, ShadowResult("other", "draft_model", "/drafts/other", at, 48, 3000, 3, ev, 0.9,
+        write_shadow_result(store, ShadowResult("other", "draft_model", "/drafts/other", at, 48, 3000, 3, full, 0.9,
                                                 (0.89, 0.91), False, "ok"))  # fmt: skip
 
     with Store(db_url) as store:
         store.record_config(KEY, config_record(K2, T0, AppliedBy.STARTUP))
-        stored = store.current_config(KEY)
-        assert stored is not None
         memory = ControllerMemory()
         now = T0
 
-        def minutes(n: int, alpha: float) -> dict[str, Any]:
+        def minutes(n: int, alpha: float) -> AcceptanceEvidence | None:
             nonlocal now, memory
-            shadow: dict[str, Any] = {}
+            seen = None
             for _ in range(n):
                 now = write_windows(store, now, 6, k=2, rate=100.0, alpha=alpha)
                 current = store.current_config(KEY)
                 assert current is not None
                 ctx, memory = build_context(store, [KEY], current, now, settings, [good, other], [], memory)
-                shadow = dict(ctx.shadow)
-            return shadow
+                seen = ctx.shadow.get("other")
+            return seen
 
         minutes(10, 0.8)
         replay(now)
-        assert set(minutes(5, 0.8)) == {"other"}  # the same traffic: read
-        assert minutes(5, 0.3) == {}  # the running draft's acceptance fell with the traffic: not read
+        assert minutes(5, 0.8) == full  # the same traffic: in full
+        capped = minutes(5, 0.3)  # the running draft's acceptance fell with the traffic: the prior's weight
+        assert capped is not None and capped.trials == pytest.approx(150.0)
+        assert capped.successes / capped.trials == pytest.approx(0.9)  # what it measured, at less weight
         moved = memory.alpha_moved_at
         assert moved is not None and T0 + timedelta(minutes=15) <= moved <= T0 + timedelta(minutes=16)
         store.record_config(KEY, config_record({**K2, "model": "/drafts/third"}, now, AppliedBy.RESTART))
-        assert minutes(3, 0.5) == {}  # our own swap began this regime: the cut holds
+        after_swap = minutes(3, 0.5)  # our own swap began this regime: the cap holds
+        assert after_swap is not None and after_swap.trials == pytest.approx(150.0)
         assert memory.alpha_moved_at == moved
         replay(now)
-        assert set(minutes(1, 0.5)) == {"other"}  # replayed after the move: read
+        assert minutes(1, 0.5) == full  # replayed after the move: in full
 
 
 def test_a_running_periods_history_is_read_incrementally_and_adds_up(db_url: str) -> None:

@@ -44,7 +44,7 @@ from tuner.controller.fleet_prior import with_fleet_priors
 from tuner.controller.settings import ControllerSettings, PolicySettings
 from tuner.controller.step_cost import candidate_step_costs, config_specs, step_cost_from_steps, step_groups
 from tuner.store import Store, StoredConfig
-from tuner.store.shadow import shadow_evidence
+from tuner.store.shadow import latest_shadow_results, shadow_evidence
 
 
 @dataclass(frozen=True)
@@ -300,23 +300,34 @@ def build_context(
         candidates=tuple(everyone),
         trigger_windows=spec_windows(store, keys, stored, now, settings.policy.swap.duration_s),
         history=measured_history(store, keys, now, settings.history_s, everyone, same_draft, memory.history),
-        shadow=shadow_evidence(store, shadow_since(now, settings, memory), [c.name for c in everyone]),
+        shadow=candidate_shadow(store, now, settings, memory, [c.name for c in everyone]),
         failed_candidates=frozenset(c.name for c in everyone if any(same_draft(f, c) for f in failed)),
         floored=floored_out(everyone, settings, memory),
     ), memory
 
 
-def shadow_since(now: datetime, settings: ControllerSettings, memory: ControllerMemory) -> datetime:
-    """The oldest shadow result the draft choice reads: within ``history_s``, and not from before the
-    running draft's acceptance last moved with the traffic (``ControllerMemory.alpha_moved_at``; a regime
-    our own swap began does not count): a replay from before measured the candidates on another prompt
-    mix, and set against the running draft's α now it swaps to a draft that was better there (lab_phases
-    in the simulator, shadow on: good on hard prompts swapped back to medium on medium's replay of
-    predictable prompts)."""
-    since = now - timedelta(seconds=settings.history_s)
-    if memory.alpha_moved_at is not None:
-        since = max(since, memory.alpha_moved_at)
-    return since
+def candidate_shadow(
+    store: Store, now: datetime, settings: ControllerSettings, memory: ControllerMemory, names: Sequence[str]
+) -> dict[str, AcceptanceEvidence]:
+    """Each candidate's newest shadow result within ``history_s``. One from before the running draft's
+    acceptance last moved with the traffic (``ControllerMemory.alpha_moved_at``; a regime our own swap
+    began does not count) measured the candidates on another prompt mix: it weighs at most as much as
+    the candidate's prior (``[swap] prior_strength_trials``). At full weight, set against the running
+    draft's α now, it swaps to whichever draft was better there (lab_phases in the simulator, shadow on:
+    good on hard prompts swapped back to medium on medium's replay of the predictable prompts, and again);
+    dropped, an optimistic prior stands alone again (a draft measured at 0.15 tried on its prior of 0.9)."""
+    wanted = set(names)
+    moved_at, swap = memory.alpha_moved_at, settings.policy.swap
+    evidence = {}
+    for name, result in latest_shadow_results(store, now - timedelta(seconds=settings.history_s)).items():
+        if name not in wanted:
+            continue
+        ev = result.evidence
+        stale = moved_at is not None and swap is not None and result.computed_at < moved_at
+        if stale and swap is not None and ev.trials > swap.prior_strength_trials:
+            ev = ev.scaled(swap.prior_strength_trials / ev.trials)
+        evidence[name] = ev
+    return evidence
 
 
 def revival_candidates(
