@@ -323,9 +323,8 @@ def candidate_shadow(
         if name not in wanted:
             continue
         ev = result.evidence
-        stale = moved_at is not None and swap is not None and result.computed_at < moved_at
-        if stale and swap is not None and ev.trials > swap.prior_strength_trials:
-            ev = ev.scaled(swap.prior_strength_trials / ev.trials)
+        if swap is not None and moved_at is not None and result.computed_at < moved_at:
+            ev = ev.scaled(min(1.0, swap.prior_strength_trials / ev.trials)) if ev.trials > 0 else ev
         evidence[name] = ev
     return evidence
 
