@@ -31,7 +31,6 @@ import json
 import os
 import platform
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -46,6 +45,7 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from tuner.engine.process import free_port  # noqa: E402
 from tuner.lab.prompts import PREDICTABLE  # noqa: E402
 from tuner.store import Store, upgrade  # noqa: E402
 
@@ -58,12 +58,6 @@ PATHS = ("direct", "tap_lean", "tap_httpcore")
 def quantile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_up(url: str, proc: subprocess.Popen[bytes], what: str) -> None:

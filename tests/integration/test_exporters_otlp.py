@@ -121,16 +121,14 @@ def test_a_span_per_decision_and_per_apply(sqlite_store: Store, receiver: OtlpRe
 
 
 def test_a_down_endpoint_is_logged_once_not_every_export(caplog: pytest.LogCaptureFixture) -> None:
-    import socket
     import time
 
+    from tuner.engine.process import free_port
     from tuner.exporters.otel import OtlpMetricsExporter
     from tuner.exporters.settings import OtlpSection
     from tuner.exporters.values import METRICS, Sample
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     settings = OtlpSection(enabled=True, endpoint=f"http://127.0.0.1:{port}", interval_s=0.2, timeout_s=0.3)
     caplog.set_level(logging.WARNING, logger="opentelemetry")
     exporter = OtlpMetricsExporter(lambda: [Sample(next(iter(METRICS)), (), 1.0)], settings)

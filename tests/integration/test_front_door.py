@@ -25,6 +25,7 @@ from collectors.front_door import FrontDoor
 from collectors.tap import TapProxy, create_tap_app
 from tests.integration.test_tap_proxy import REPO, UPSTREAM, ThreadedServer
 from tuner.actuators.front_door import FrontDoorClient, FrontDoorError
+from tuner.engine.process import free_port
 
 TOKEN = "test-token"
 
@@ -224,12 +225,6 @@ async def count_body(request: Request) -> Response:
 STUCK = Starlette(
     routes=[Route("/v1/completions", stuck, methods=["POST"]), Route("/body", count_body, methods=["POST"])]
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def run_tap_cli(*args: str) -> subprocess.Popen[bytes]:

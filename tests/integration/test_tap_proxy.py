@@ -31,6 +31,7 @@ from starlette.routing import Route
 from collectors.batch_writer import BatchWriter
 from collectors.records import RequestRecord
 from collectors.tap import TRANSPORTS, TapProxy, create_tap_app, parse_listen
+from tuner.engine.process import free_port
 from tuner.store import Store
 
 REPO = Path(__file__).resolve().parents[2]
@@ -342,9 +343,7 @@ def test_method_path_query_headers_and_body_reach_upstream_untouched(
 
 
 def test_upstream_down_gives_a_clear_502(tmp_path: Path) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        dead_port = s.getsockname()[1]
+    dead_port = free_port()
     proxy = TapProxy(f"http://127.0.0.1:{dead_port}", None, connect_timeout_s=1)
     with ThreadedServer(create_tap_app(proxy)) as server:
         r = httpx.post(f"{server.url}/v1/completions", json={"model": "target"})
@@ -469,9 +468,7 @@ def test_tap_cli_end_to_end(upstream: ThreadedServer, tmp_path: Path) -> None:
 
     db = f"sqlite:///{tmp_path / 'tap.db'}"
     upgrade(db)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     proc = subprocess.Popen(
         [
             sys.executable,

@@ -9,10 +9,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import random
 import signal
 import socket
 import subprocess
 import time
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,7 +41,44 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
     return True
 
 
-def free_port(host: str = "127.0.0.1") -> int:
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_FIRST_CHOSEN_PORT = 10000  # below it sit the well-known services a host is likely to run
+_handed_out: deque[int] = deque(maxlen=64)
+_pick = random.Random()
+
+
+def ephemeral_port_range(path: Path = EPHEMERAL_RANGE_FILE) -> tuple[int, int]:
+    """The kernel's range for outgoing connections' source ports and ``bind(port=0)`` (Linux default
+    when unreadable)."""
+    try:
+        low, high = (int(v) for v in path.read_text().split())
+    except (OSError, ValueError):
+        return 32768, 60999
+    return low, high
+
+
+def free_port(host: str = "127.0.0.1", ephemeral: tuple[int, int] | None = None) -> int:
+    """A port nothing is bound to, for a server we start a moment later.
+
+    Chosen outside the ephemeral range: a port from ``bind(0)`` goes straight back to the pool that
+    outgoing connections take their source ports from, and the health probes during a start open many,
+    so the server that later binds it can fail with "address already in use" (a CI run lost a test so).
+    Ports handed out recently are not repeated, since nothing holds them until their server binds."""
+    low, high = ephemeral or ephemeral_port_range()
+    candidates = [(_FIRST_CHOSEN_PORT, min(low, 65536)), (max(high + 1, _FIRST_CHOSEN_PORT), 65536)]
+    spans = [(a, b) for a, b in candidates if b > a]
+    total = sum(b - a for a, b in spans)
+    for _ in range(200 if total else 0):
+        n = _pick.randrange(total)
+        for a, b in spans:
+            if n < b - a:
+                port = a + n
+                break
+            n -= b - a
+        if port not in _handed_out and port_is_free(port, host):
+            _handed_out.append(port)
+            return port
+    # The ephemeral range covers every port we would choose from, or all of them are taken.
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
