@@ -1,6 +1,7 @@
 """How long regimes last on this engine, and how long the current one is expected to go on.
 
-Purely computational: ``observe(tracker, now, value) -> tracker``, ``remaining_s(tracker, now)``.
+Purely computational: ``observe(tracker, now, value) -> tracker``, ``remaining_s(tracker, now)``, and
+``basis(tracker, now, quantity)``, what that estimate went by in words.
 
 A regime is a stretch in which a measured quantity (acceptance α̂ of the running draft, or the load:
 requests running plus waiting) stays within a band around its level: ``abs_band`` or ``rel_band`` × the
@@ -11,12 +12,14 @@ A change to the engine pays back only if the regime it answers lasts longer than
 (switching cost / gain). The expected remaining length of the current regime, at age a, is the median
 of L − a over the recorded regimes of the same direction (a fall is compared with past falls — dips —,
 a rise with past rises) that lasted longer than a (what the engine's own history says about regimes of
-that age); when none recorded lasted that long it is a itself (a regime that has lasted a is about as
-likely to last another a: Lindy). With fewer than ``min_history`` regimes of that direction recorded the
-history says nothing yet: the remaining length is unknown (infinite here; the caller's fixed horizon
-applies — Lindy on a young regime with no history would hold back every change, bursts' aftermath
-included, for its payback time). So once a few 3-minute dips are on record, a dip never repays a change
-that needs 10 minutes, while a sustained change is followed once its age exceeds the payback.
+that age); when fewer than ``min_history`` recorded lasted that long it is a itself (a regime that has
+lasted a is about as likely to last another a: Lindy) — one regime that ended 10 s after this age would
+otherwise say 10 s, while one more second of age, past it, would say the age again. With fewer than
+``min_history`` regimes of that direction recorded the history says nothing yet: the remaining length
+is unknown (infinite here; the caller's fixed horizon applies — Lindy on a young regime with no history
+would hold back every change, bursts' aftermath included, for its payback time). So once a few 3-minute
+dips are on record, a dip never repays a change that needs 10 minutes, while a sustained change is
+followed once its age exceeds the payback.
 
 A regime whose beginning was not observed — the first one (the traffic was there before the controller
 looked), or one the engine's own change began (:func:`restart`) — has no age to go by: its remaining
@@ -112,9 +115,33 @@ def remaining_s(tracker: RegimeTracker, now: datetime) -> float:
     ]
     if sum(1 for d in tracker.directions if d == tracker.direction) < tracker.min_history:
         return math.inf  # too few regimes like this one recorded: the engine's history says nothing yet
-    if longer:
+    if len(longer) >= tracker.min_history:
         return float(statistics.median(longer))
+    # Too few lasted this long to say how much longer such a regime goes on: one that ended 10 s later
+    # would say 10 s, and none would say the age. Lindy, as if none had.
     return age
 
 
-__all__ = ["MAX_HISTORY", "RegimeTracker", "observe", "remaining_s", "restart"]
+def basis(tracker: RegimeTracker, now: datetime, quantity: str) -> str:
+    """What :func:`remaining_s` went by, in words: ``quantity`` ("acceptance", "load") moved how long ago,
+    and what the regimes of that direction on record say (so an operator can tell a 10-s estimate from
+    one earlier regime apart from one from many)."""
+    if tracker.direction == 0:
+        return f"the {quantity} regime began with our own change or before the controller looked"
+    age = tracker.age_s(now)
+    moved, noun = ("rose", "rises") if tracker.direction > 0 else ("fell", "falls")
+    same = [length for length, d in zip(tracker.lengths_s, tracker.directions, strict=True) if d == tracker.direction]
+    head = f"the {quantity} {moved} {age:.0f} s ago"
+    if len(same) < tracker.min_history:
+        return f"{head}; {len(same)} earlier {noun} on record, {tracker.min_history} needed"
+    longer = [length - age for length in same if length > age]
+    if len(longer) >= tracker.min_history:
+        return (
+            f"{head}; {len(longer)} of {len(same)} earlier {noun} lasted longer, "
+            f"by {statistics.median(longer):.0f} s (median)"
+        )
+    few = f"only {len(longer)}" if longer else "none"
+    return f"{head}; {few} of {len(same)} earlier {noun} lasted that long: expected to last as long again"
+
+
+__all__ = ["MAX_HISTORY", "RegimeTracker", "basis", "observe", "remaining_s", "restart"]

@@ -695,6 +695,10 @@ def test_k_is_chosen_for_a_sustained_load_within_minutes_and_never_for_a_burst(d
         ctx, _ = build_context(store, [KEY], stored, now, SETTINGS, [], [], memory)
         assert ctx.load_window is not None and ctx.load_window.regime
         assert ctx.regime_remaining_s == pytest.approx(300.0)  # the burst on record lasted 180 s: Lindy
+        # the switching-cost rail names which regime bounded it and why (acceptance never moved here)
+        assert ctx.regime_basis == (
+            "the load rose 300 s ago; none of 1 earlier rises lasted that long: expected to last as long again"
+        )
 
 
 def test_a_shadow_replay_from_before_the_traffic_moved_weighs_no_more_than_the_prior(db_url: str) -> None:
@@ -749,6 +753,47 @@ def test_a_shadow_replay_from_before_the_traffic_moved_weighs_no_more_than_the_p
         assert memory.alpha_moved_at == moved
         replay(now)
         assert minutes(1, 0.5) == full  # replayed after the move: in full
+
+
+def test_evidence_starts_where_the_traffic_moved_the_acceptance_once_history_can_weigh_it(db_url: str) -> None:
+    """Windows from before the acceptance moved with the traffic measured another prompt mix: pooled
+    with the new ones they hold α̂ near the old level, and their mix inflates the over-dispersion that
+    discounts the drafts, until they age out of the evidence window. Once three falls are on record (the
+    switching-cost rail can weigh a restart on the new regime) the evidence of a confirmed fall starts
+    where it began, and the message says so; before, the first dips are judged on the whole window (cut,
+    they restarted the engine there and back); while α̂ holds still the whole window counts."""
+    from tuner.controller.context import ControllerMemory, build_context
+
+    policy = SETTINGS.policy.policy.model_copy(update={"evidence_window_s": 600})
+    settings = replace(SETTINGS, policy=replace(SETTINGS.policy, policy=policy))
+    with Store(db_url) as store:
+        store.record_config(KEY, config_record(K2, T0, AppliedBy.STARTUP))
+        memory = ControllerMemory()
+        now = T0
+        seen = []
+        # a tick per minute: 8 steady, three 3-minute dips 8 minutes apart, then a fall that stays
+        for alpha in [0.9] * 8 + ([0.5] * 3 + [0.9] * 8) * 3 + [0.5] * 4:
+            now = write_windows(store, now, 6, k=2, rate=100.0, alpha=alpha)
+            current = store.current_config(KEY)
+            assert current is not None
+            ctx, memory = build_context(store, [KEY], current, now, settings, [], [], memory)
+            seen.append(ctx)
+    steady = seen[7]
+    assert steady.evidence_since is None and steady.duration_s == pytest.approx(480)
+    assert steady.alpha.alpha is not None and steady.alpha.alpha == pytest.approx(0.9, abs=0.02)
+    for ctx in seen[8:11]:  # the first dip, confirmed at its second tick: no falls on record, not cut
+        assert ctx.evidence_since is None and ctx.alpha.alpha is not None and ctx.alpha.alpha > 0.75
+    assert seen[9].regime_remaining_s is None
+    assert seen[41].evidence_since is None  # one tick outside the band is not a regime yet (confirm = 2)
+    moved = T0 + timedelta(minutes=41)  # the first confirming tick's decide interval
+    for ctx in seen[42:]:
+        assert ctx.regime_remaining_s is not None
+        assert ctx.evidence_since == moved
+        assert ctx.alpha.alpha is not None and ctx.alpha.alpha == pytest.approx(0.5, abs=0.03)
+        assert ctx.alpha.dispersion < 2.0  # one prompt mix: no over-dispersion from mixing two
+        assert ctx.duration_s == pytest.approx((ctx.now - moved).total_seconds())
+        assert "when the acceptance moved" in ctx.alpha.message and "12:41:00 UTC" in ctx.alpha.message
+    assert seen[42].recent_alpha == pytest.approx(0.5, abs=0.03)
 
 
 def test_a_running_periods_history_is_read_incrementally_and_adds_up(db_url: str) -> None:

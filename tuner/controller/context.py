@@ -8,7 +8,8 @@ context, typed both ways, so verification reads back exactly what the decision s
 
 Evidence is the windows of the engine series under the config now in force, ending in the last
 ``evidence_window_s`` and starting after the config did (a window that spans a restart mixes two
-configs and is left out).
+configs and is left out) and after the acceptance last moved with the traffic (windows from before
+measured another prompt mix; pooled with the new, they held α̂ near the old level until they aged out).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from policies.draft_choice import DraftCandidate, SpecWindow
 from policies.load_window import LoadWindow, choose_load_window, load_tracker
 from policies.memory import FREE_METHODS, KvCapacity
 from policies.positional import PositionData
-from policies.regime import RegimeTracker, observe, remaining_s, restart
+from policies.regime import RegimeTracker, basis, observe, remaining_s, restart
 from policies.spec_config import SpecConfig
 from policies.step_cost import StepCostModel
 from tuner.controller.candidates import current_candidate, same_draft
@@ -99,6 +100,9 @@ class DecisionContext:
     # expected remaining length of the current acceptance regime (policies.regime), or of the load regime K
     # is chosen for when that is shorter; None: unknown
     regime_remaining_s: float | None = None
+    regime_basis: str | None = None  # what that estimate went by, in words (policies.regime.basis)
+    # where the evidence starts when the acceptance regime the traffic began cut it short (None: not cut)
+    evidence_since: datetime | None = None
     # the evidence window's requests running + waiting (time-weighted) and mean KV usage (0..1): when KV
     # memory caps the batch, requests wait and each config could run a different batch (kv_capacity)
     mean_demand: float | None = None
@@ -275,6 +279,7 @@ def build_context(
     ctx = measure(store, keys, stored, now, p.evidence_window_s, p.confidence, settings.controller.decide_interval_s)
     running, everyone = current_candidate(ctx.current, configured, p.cost_ratio)
     ctx, memory = _with_regimes(ctx, settings, memory)
+    ctx = _since_the_traffic_moved(ctx, store, keys, stored, settings, memory)
     # one K, speculation off under a table, or back on: each serves whatever load comes
     ctx, memory = _with_load(ctx, store, settings, memory)
     ctx = replace(ctx, running=running, failed=tuple(failed))
@@ -465,14 +470,16 @@ def measure(
     evidence_window_s: float,
     confidence: float = 0.95,
     recent_s: float = 60.0,
+    not_before: datetime | None = None,
 ) -> DecisionContext:
-    """The measured part of a context: the windows under ``stored`` over the last ``evidence_window_s``
-    (what the simulator's baseline policies read too)."""
+    """The measured part of a context: the windows under ``stored`` over the last ``evidence_window_s``,
+    none starting before ``not_before`` (what the simulator's baseline policies read too)."""
     current = stored.config.spec
     started = stored.config.started_at
     # min(…, now): a config recorded a moment after ``now`` (a rollback that just finished) has no windows yet
-    since = min(max(now - timedelta(seconds=evidence_window_s), started), now)
-    wins = windows_under(store, keys, started, since, now + timedelta(microseconds=1))
+    first = max(started, not_before or started)
+    since = min(max(now - timedelta(seconds=evidence_window_s), first), now)
+    wins = windows_under(store, keys, first, since, now + timedelta(microseconds=1))
     spec, duration_s, tokens, rates, running_mean = summarize(wins)
     positions = PositionData((), ())
     for w in wins:
@@ -567,7 +574,50 @@ def _with_regimes(
         moved_at = alpha.started
     memory = replace(memory, alpha_regime=(draft, alpha), alpha_moved_at=moved_at)
     remaining = remaining_s(alpha, ctx.now)
-    return replace(ctx, regime_remaining_s=remaining if math.isfinite(remaining) else None), memory
+    if not math.isfinite(remaining):
+        return replace(ctx, regime_remaining_s=None, regime_basis=None), memory
+    return replace(ctx, regime_remaining_s=remaining, regime_basis=basis(alpha, ctx.now, "acceptance")), memory
+
+
+def _since_the_traffic_moved(
+    ctx: DecisionContext,
+    store: Store,
+    keys: Sequence[EngineKey],
+    stored: StoredConfig,
+    settings: ControllerSettings,
+    memory: ControllerMemory,
+) -> DecisionContext:
+    """The measured part again from the start of the acceptance regime the traffic began, when that is
+    inside the evidence window (our own swap begins a regime too, but the config's start already cuts
+    there). The regime starts at the first of its confirming ticks, each of which measured the last decide
+    interval: that interval is the first evidence of it. Live, from predictable to hard prompts at one
+    stream: pooled α̂ stayed at 0.91 for the whole 60-s window while the new prompts ran at 0.6, and mixing
+    the two inflated the over-dispersion that discounts the drafts, so no change had the evidence it
+    needed until the old windows aged out.
+
+    Only while the engine's history says how long such a regime lasts (``regime_remaining_s`` known), so
+    that the switching-cost rail weighs a restart on it: cut on every move, the first three 3-minute dips
+    of the simulator's gpu_transients each restarted the engine there and back (9 restarts, 3 unpaid; the
+    pooled window had hidden them)."""
+    if memory.alpha_regime is None or ctx.regime_remaining_s is None:
+        return ctx
+    regime = memory.alpha_regime[1]
+    p, interval_s = settings.policy.policy, settings.controller.decide_interval_s
+    if regime.direction == 0 or regime.started is None:
+        return ctx
+    moved = regime.started - timedelta(seconds=interval_s)
+    if moved <= max(ctx.now - timedelta(seconds=p.evidence_window_s), stored.config.started_at):
+        return ctx
+    fresh = measure(store, keys, stored, ctx.now, p.evidence_window_s, p.confidence, interval_s, not_before=moved)
+    note = f" Evidence from {moved:%H:%M:%S} UTC, when the acceptance moved (earlier windows saw other traffic)."
+    return replace(
+        fresh,
+        alpha=replace(fresh.alpha, message=fresh.alpha.message + note),
+        recent_alpha=ctx.recent_alpha,
+        regime_remaining_s=ctx.regime_remaining_s,
+        regime_basis=ctx.regime_basis,
+        evidence_since=moved,
+    )
 
 
 def _with_load(
@@ -583,10 +633,16 @@ def _with_load(
     recent = memory.load.mean_since(ctx.now - timedelta(seconds=settings.controller.decide_interval_s))
     tracker = observe(memory.load_regime or load_tracker(p.load_regime_band), ctx.now, recent)
     window = choose_load_window(tracker, ctx.now, p.load_horizon_s, p.load_regime_sustained_s)
-    remaining = ctx.regime_remaining_s
-    if window.remaining_s is not None:
-        remaining = window.remaining_s if remaining is None else min(remaining, window.remaining_s)
-    ctx = replace(ctx, load_profile=memory.load.since(window.since), load_window=window, regime_remaining_s=remaining)
+    remaining, why = ctx.regime_remaining_s, ctx.regime_basis
+    if window.remaining_s is not None and (remaining is None or window.remaining_s < remaining):
+        remaining, why = window.remaining_s, basis(tracker, ctx.now, "load")
+    ctx = replace(
+        ctx,
+        load_profile=memory.load.since(window.since),
+        load_window=window,
+        regime_remaining_s=remaining,
+        regime_basis=why,
+    )
     return ctx, replace(memory, load_regime=tracker)
 
 

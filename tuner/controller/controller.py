@@ -277,6 +277,7 @@ class Controller:
             evidence_s=ctx.duration_s / max(len(keys), 1),
             needs_restart=self.actuator.needs_restart_for(outcome.target.to_vllm()),
             horizon_s=ctx.regime_remaining_s,
+            horizon_basis=ctx.regime_basis,
             restarts=outcome.restarts,
             streak_key=outcome.streak_key,
         )

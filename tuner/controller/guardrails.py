@@ -70,6 +70,7 @@ class Proposal:
     extra: dict[str, float] = field(default_factory=dict)
     # expected remaining length of the regime the change answers (policies.regime); None: unknown
     horizon_s: float | None = None
+    horizon_basis: str | None = None  # what that estimate went by, in words (policies.regime.basis)
     # restarts the change commits to within that regime: 2 when it serves only the load now and leaves a
     # config that serves every load (dropping a per-batch-size table's draft), so the way back is another
     restarts: int = 1
@@ -208,17 +209,15 @@ def check_switching_cost(s: GuardrailsSection, st: ControllerState, p: Proposal,
     needed_s = s.restart_downtime_s + repay_s
     horizon_s = s.payback_horizon_s if p.horizon_s is None else min(s.payback_horizon_s, p.horizon_s)
     if needed_s > horizon_s:
-        what = (
-            "the expected remaining length of the current regime"
-            if horizon_s < s.payback_horizon_s
-            else "the payback horizon"
-        )
+        regime = horizon_s < s.payback_horizon_s
+        what = "the expected remaining length of the current regime" if regime else "the payback horizon"
+        why = f": {p.horizon_basis}" if regime and p.horizon_basis else ""
         restarts = "A restart costs" if p.restarts == 1 else f"{p.restarts} restarts (there and back) cost"
         return Block(
             BlockReason.SWITCHING_COST,
             f"{restarts} ~{s.restart_downtime_s * p.restarts:.0f} s of serving; at {p.predicted_gain:.3f}× it "
             f"takes {repay_s:.0f} s to repay after the {s.restart_downtime_s:.0f}-s restart ({needed_s:.0f} s in "
-            f"all), longer than {what} ({horizon_s:.0f} s).",
+            f"all), longer than {what} ({horizon_s:.0f} s{why}).",
         )
     return None
 

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from policies.regime import RegimeTracker, observe, remaining_s, restart
+from policies.regime import RegimeTracker, basis, observe, remaining_s, restart
 
 T0 = datetime(2026, 1, 5, tzinfo=UTC)
 
@@ -41,3 +41,37 @@ def test_remaining_length_is_the_median_of_longer_past_regimes_else_the_age() ->
     again = restart(t, now)
     assert again.lengths_s == t.lengths_s and again.level is None
     assert remaining_s(observe(again, now, 0.7), now + timedelta(seconds=60)) == math.inf
+
+
+def test_the_basis_says_what_the_remaining_length_went_by() -> None:
+    dips = [0.7] * 57 + [0.4] * 3
+    t = _track(dips * 6 + [0.7] * 57 + [0.4] * 2)
+    now = T0 + timedelta(seconds=60 * (len(dips) * 6 + 57 + 2))
+    assert basis(t, now, "acceptance") == (
+        "the acceptance fell 120 s ago; 6 of 6 earlier falls lasted longer, by 60 s (median)"
+    )
+    later = now + timedelta(seconds=180)
+    assert basis(t, later, "acceptance") == (
+        "the acceptance fell 300 s ago; none of 6 earlier falls lasted that long: expected to last as long again"
+    )
+    young = _track([0.7] * 10 + [0.4] * 3)
+    young_basis = basis(young, T0 + timedelta(seconds=60 * 13), "load")
+    assert young_basis == "the load fell 180 s ago; 0 earlier falls on record, 3 needed"
+    assert "our own change" in basis(restart(t, now), now, "acceptance")
+
+
+def test_a_few_regimes_that_lasted_past_this_age_do_not_say_it_ends_soon() -> None:
+    """Five 3-minute dips and one of 6 minutes on record, a dip now 5 minutes old: the one longer dip
+    alone would say 1 more minute, and a minute later, past it, the age again. Fewer than ``min_history``
+    (3) lasted this long: Lindy. With three such dips on record, their median."""
+    short, long = [0.7] * 57 + [0.4] * 3, [0.7] * 54 + [0.4] * 6
+    t = _track(short * 5 + long + [0.7] * 55 + [0.4] * 5)
+    now = T0 + timedelta(seconds=60 * (len(short) * 5 + len(long) + 55 + 5))
+    falls = [length for length, d in zip(t.lengths_s, t.directions, strict=True) if d < 0]
+    assert t.age_s(now) == pytest.approx(300.0) and falls == [180.0] * 5 + [360.0]
+    assert remaining_s(t, now) == pytest.approx(300.0)
+    said = basis(t, now, "acceptance")
+    assert said.endswith("only 1 of 6 earlier falls lasted that long: expected to last as long again")
+    three = _track(short * 3 + long * 3 + [0.7] * 55 + [0.4] * 5)
+    now = T0 + timedelta(seconds=60 * (len(short) * 3 + len(long) * 3 + 55 + 5))
+    assert remaining_s(three, now) == pytest.approx(60.0)
