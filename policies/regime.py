@@ -102,24 +102,26 @@ def restart(tracker: RegimeTracker, now: datetime) -> RegimeTracker:
     return replace(tracker, started=now, level=None, count=0, outside=(), direction=0)
 
 
+def _history(tracker: RegimeTracker, now: datetime) -> tuple[int, list[float]]:
+    """Regimes of the current one's direction on record, and by how much those that outlived its age did."""
+    age = tracker.age_s(now)
+    same = [length for length, d in zip(tracker.lengths_s, tracker.directions, strict=True) if d == tracker.direction]
+    return len(same), [length - age for length in same if length > age]
+
+
 def remaining_s(tracker: RegimeTracker, now: datetime) -> float:
     """Expected remaining length of the current regime (see the module doc), in seconds; ``math.inf``
     when its beginning was not observed."""
     if tracker.direction == 0:
         return math.inf
-    age = tracker.age_s(now)
-    longer = [
-        length - age
-        for length, d in zip(tracker.lengths_s, tracker.directions, strict=True)
-        if length > age and d == tracker.direction
-    ]
-    if sum(1 for d in tracker.directions if d == tracker.direction) < tracker.min_history:
+    recorded, longer = _history(tracker, now)
+    if recorded < tracker.min_history:
         return math.inf  # too few regimes like this one recorded: the engine's history says nothing yet
     if len(longer) >= tracker.min_history:
         return float(statistics.median(longer))
     # Too few lasted this long to say how much longer such a regime goes on: one that ended 10 s later
     # would say 10 s, and none would say the age. Lindy, as if none had.
-    return age
+    return tracker.age_s(now)
 
 
 def basis(tracker: RegimeTracker, now: datetime, quantity: str) -> str:
@@ -128,20 +130,18 @@ def basis(tracker: RegimeTracker, now: datetime, quantity: str) -> str:
     one earlier regime apart from one from many)."""
     if tracker.direction == 0:
         return f"the {quantity} regime began with our own change or before the controller looked"
-    age = tracker.age_s(now)
     moved, noun = ("rose", "rises") if tracker.direction > 0 else ("fell", "falls")
-    same = [length for length, d in zip(tracker.lengths_s, tracker.directions, strict=True) if d == tracker.direction]
-    head = f"the {quantity} {moved} {age:.0f} s ago"
-    if len(same) < tracker.min_history:
-        return f"{head}; {len(same)} earlier {noun} on record, {tracker.min_history} needed"
-    longer = [length - age for length in same if length > age]
+    recorded, longer = _history(tracker, now)
+    head = f"the {quantity} {moved} {tracker.age_s(now):.0f} s ago"
+    if recorded < tracker.min_history:
+        return f"{head}; {recorded} earlier {noun} on record, {tracker.min_history} needed"
     if len(longer) >= tracker.min_history:
         return (
-            f"{head}; {len(longer)} of {len(same)} earlier {noun} lasted longer, "
+            f"{head}; {len(longer)} of {recorded} earlier {noun} lasted longer, "
             f"by {statistics.median(longer):.0f} s (median)"
         )
     few = f"only {len(longer)}" if longer else "none"
-    return f"{head}; {few} of {len(same)} earlier {noun} lasted that long: expected to last as long again"
+    return f"{head}; {few} of {recorded} earlier {noun} lasted that long: expected to last as long again"
 
 
 __all__ = ["MAX_HISTORY", "RegimeTracker", "basis", "observe", "remaining_s", "restart"]

@@ -67,14 +67,9 @@ def free_port(host: str = "127.0.0.1", ephemeral: tuple[int, int] | None = None)
     low, high = ephemeral or ephemeral_port_range()
     candidates = [(_FIRST_CHOSEN_PORT, min(low, 65536)), (max(high + 1, _FIRST_CHOSEN_PORT), 65536)]
     spans = [(a, b) for a, b in candidates if b > a]
-    total = sum(b - a for a, b in spans)
-    for _ in range(200 if total else 0):
-        n = _pick.randrange(total)
-        for a, b in spans:
-            if n < b - a:
-                port = a + n
-                break
-            n -= b - a
+    for _ in range(200 if spans else 0):
+        a, b = _pick.choices(spans, weights=[b - a for a, b in spans])[0]
+        port = _pick.randrange(a, b)
         if port not in _handed_out and port_is_free(port, host):
             _handed_out.append(port)
             return port
