@@ -1,12 +1,14 @@
 """How long regimes last on this engine, and how long the current one is expected to go on.
 
-Purely computational: ``observe(tracker, now, value) -> tracker``, ``remaining_s(tracker, now)``, and
+Purely computational: ``observe(tracker, now, value, noise) -> tracker``, ``remaining_s(tracker, now)``, and
 ``basis(tracker, now, quantity)``, what that estimate went by in words.
 
 A regime is a stretch in which a measured quantity (acceptance α̂ of the running draft, or the load:
 requests running plus waiting) stays within a band around its level: ``abs_band`` or ``rel_band`` × the
-level, whichever is wider. ``confirm`` observations in a row outside the band start a new regime at the
-first of them (one noisy tick does not), and the length of the regime that ended is kept.
+level, whichever is wider, or the observation's own noise or the regime's own scatter when wider still (a
+scatter sampling explains is not a new regime). ``confirm`` observations in a row outside the band, on the
+same side of it, start a new regime at the first of them (one noisy tick does not, nor a tick above and
+one below), and the length of the regime that ended is kept.
 
 A change to the engine pays back only if the regime it answers lasts longer than its payback time
 (switching cost / gain). The expected remaining length of the current regime, at age a, is the median
@@ -35,6 +37,12 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 
 MAX_HISTORY = 64  # regime lengths kept (the newest)
+# For a sampled quantity (α̂): an observation further from the level than this many standard deviations
+# of the current regime's own observations (once it has SCATTER_MIN of them) is outside: 99 % of an
+# unchanged regime's stay inside, and two in a row (``confirm``) outside by chance come about once in
+# 6 500 ticks (9 hours of 5-s ticks).
+SAMPLED_SCATTER_Z = 2.5
+SCATTER_MIN = 5
 
 
 @dataclass(frozen=True)
@@ -46,37 +54,66 @@ class RegimeTracker:
     rel_band: float = 0.0
     confirm: int = 2
     min_history: int = 3
+    # > 0 for a sampled quantity (SAMPLED_SCATTER_Z): its own scatter widens the band, and a run outside
+    # that ends without a new regime is folded into it. 0 for one measured exactly (the load: requests
+    # running), whose every move is real — folded in, a burst's ramp made its regime's scatter wide enough
+    # to hold the fall after it (gpu_bursty: a 5-minute burst "lasted" 4.4 hours)
+    scatter_z: float = 0.0
     started: datetime | None = None
     level: float | None = None  # mean of the observations of the current regime
     count: int = 0
+    m2: float = 0.0  # sum of squared deviations of the current regime's observations from ``level``
+    last_scatter: float = 0.0  # the previous regime's: the measurement's noise did not change with the level
     outside: tuple[tuple[datetime, float], ...] = ()  # consecutive observations outside the band
     lengths_s: tuple[float, ...] = ()  # regimes that ended, oldest first
     directions: tuple[int, ...] = ()  # aligned with lengths_s: +1 rose from its predecessor, −1 fell, 0 first
     direction: int = 0  # the current regime's
 
     def __post_init__(self) -> None:
-        if self.abs_band < 0 or self.rel_band < 0 or self.confirm < 1 or self.min_history < 1:
+        if self.abs_band < 0 or self.rel_band < 0 or self.confirm < 1 or self.min_history < 1 or self.scatter_z < 0:
             raise ValueError(
-                f"regime tracker: bands ≥ 0, confirm ≥ 1, min_history ≥ 1; got {self.abs_band}, "
-                f"{self.rel_band}, {self.confirm}, {self.min_history}"
+                f"regime tracker: bands ≥ 0, confirm ≥ 1, min_history ≥ 1, scatter_z ≥ 0; got {self.abs_band}, "
+                f"{self.rel_band}, {self.confirm}, {self.min_history}, {self.scatter_z}"
             )
 
     def band(self) -> float:
         return max(self.abs_band, self.rel_band * abs(self.level or 0.0))
 
+    def scatter(self) -> float:
+        """Standard deviation of the current regime's observations; the previous regime's until this one
+        has ``SCATTER_MIN`` (a fresh regime of two observations would otherwise read every scatter as a
+        move again, and again)."""
+        return math.sqrt(self.m2 / (self.count - 1)) if self.count >= SCATTER_MIN else self.last_scatter
+
+    def threshold(self, noise: float = 0.0) -> float:
+        """How far from the level an observation must be to count as outside."""
+        return max(self.band(), noise if math.isfinite(noise) else 0.0, self.scatter_z * self.scatter())
+
     def age_s(self, now: datetime) -> float:
         return max((now - self.started).total_seconds(), 0.0) if self.started is not None else 0.0
 
 
-def observe(tracker: RegimeTracker, now: datetime, value: float | None) -> RegimeTracker:
-    """The tracker after one observation (None or not finite: nothing measured, nothing changes)."""
+def observe(tracker: RegimeTracker, now: datetime, value: float | None, noise: float = 0.0) -> RegimeTracker:
+    """The tracker after one observation (None or not finite: nothing measured, nothing changes).
+
+    ``noise``: the observation's own sampling uncertainty (the half-width of its interval, in the value's
+    units). A value counts as outside only when it is further from the level than the band, its noise and
+    ``scatter_z`` × the scatter of the regime's observations so far (:meth:`RegimeTracker.threshold`): at one
+    stream five seconds' α̂ scatters ±0.05–0.1 around an unchanged acceptance (one or two requests, each
+    with its own prompt), and a fixed band read that scatter as the traffic moving every few minutes (the
+    simulator's lab_phases: 4 moves in 3 minutes of one prompt mix, each discounting the candidates'
+    shadow measurements as taken on other traffic)."""
     if value is None or not math.isfinite(value):
         return tracker
     if tracker.level is None or tracker.started is None:
-        return replace(tracker, started=now, level=value, count=1, outside=())
-    if abs(value - tracker.level) <= tracker.band():
-        n = tracker.count + 1
-        return replace(tracker, level=tracker.level + (value - tracker.level) / n, count=n, outside=())
+        return replace(tracker, started=now, level=value, count=1, m2=0.0, outside=())
+    # a run outside that ended without a new regime was this one's scatter (sampled quantities)
+    ended_run = [v for _, v in tracker.outside] if tracker.scatter_z > 0 else []
+    if abs(value - tracker.level) <= tracker.threshold(noise):
+        return replace(_fold(tracker, [*ended_run, value]), outside=())
+    if tracker.outside and (tracker.outside[0][1] > tracker.level) != (value > tracker.level):
+        # outside on the other side: not a level that moved; a new run begins
+        return replace(_fold(tracker, ended_run), outside=((now, value),))
     outside = (*tracker.outside, (now, value))
     if len(outside) < tracker.confirm:
         return replace(tracker, outside=outside)
@@ -89,6 +126,8 @@ def observe(tracker: RegimeTracker, now: datetime, value: float | None) -> Regim
         started=begun,
         level=level,
         count=len(values),
+        m2=sum((v - level) ** 2 for v in values),
+        last_scatter=tracker.scatter(),
         outside=(),
         lengths_s=(*tracker.lengths_s, ended)[-MAX_HISTORY:],
         directions=(*tracker.directions, tracker.direction)[-MAX_HISTORY:],
@@ -96,10 +135,21 @@ def observe(tracker: RegimeTracker, now: datetime, value: float | None) -> Regim
     )
 
 
+def _fold(tracker: RegimeTracker, values: list[float]) -> RegimeTracker:
+    """The current regime with ``values`` added to its mean and scatter (Welford)."""
+    level, n, m2 = tracker.level or 0.0, tracker.count, tracker.m2
+    for v in values:
+        n += 1
+        step = v - level
+        level += step / n
+        m2 += step * (v - level)
+    return replace(tracker, level=level, count=n, m2=m2)
+
+
 def restart(tracker: RegimeTracker, now: datetime) -> RegimeTracker:
     """A new regime that the engine's own change began (another draft is another α): nothing ended, so
     no length is recorded; the history is kept."""
-    return replace(tracker, started=now, level=None, count=0, outside=(), direction=0)
+    return replace(tracker, started=now, level=None, count=0, m2=0.0, outside=(), direction=0)
 
 
 def _history(tracker: RegimeTracker, now: datetime) -> tuple[int, list[float]]:

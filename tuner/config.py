@@ -488,6 +488,15 @@ class GuardrailsSection(_Section):
         "blue/green, rolling): no downtime to repay and the verification window rolls back a loss, so a smaller "
         "sure gain is worth taking; set it to min_gain to treat every change alike",
     )
+    live_gain_confidence: float = Field(
+        default=0.8,
+        gt=0.5,
+        lt=1.0,
+        description="one-sided confidence that a change that does not interrupt serving beats 1 + min_gain_live "
+        "(a restart's is the upper tail of [policy] confidence, 0.975 at 0.95): a wrong live change costs one "
+        "verification window before it is rolled back, a missed one the whole regime; set it to 0.975 to treat "
+        "every change alike",
+    )
     hysteresis_ticks: int = Field(default=2, ge=1, description="decisions in a row that must want the change")
     cooldown_s: float = Field(default=600.0, ge=0, description="quiet time after any change")
     max_changes_per_hour: int = Field(default=4, ge=0)

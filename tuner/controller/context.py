@@ -20,14 +20,14 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from collectors.records import EngineKey
+from collectors.records import EngineKey, WindowRecord
 from policies.acceptance import AcceptanceEvidence, AlphaEstimate, alpha_of_windows, effective_counters
 from policies.counters import SpecCounters
 from policies.draft_choice import DraftCandidate, SpecWindow
 from policies.load_window import LoadWindow, choose_load_window, load_tracker
 from policies.memory import FREE_METHODS, KvCapacity
 from policies.positional import PositionData
-from policies.regime import RegimeTracker, basis, observe, remaining_s, restart
+from policies.regime import SAMPLED_SCATTER_Z, RegimeTracker, basis, observe, remaining_s, restart
 from policies.spec_config import SpecConfig
 from policies.step_cost import StepCostModel
 from tuner.controller.candidates import current_candidate, same_draft
@@ -95,8 +95,10 @@ class DecisionContext:
     # the draft the 0.4 floor swapped out for the running one, while the running draft's acceptance has
     # not moved since: its pooled history predates the fall that made it leave (not proposed beyond failure)
     floored: frozenset[str] = frozenset()
-    # α̂ of the running config over the last decide interval (what the acceptance regime tracks)
+    # α̂ of the running config over the last decide interval (what the acceptance regime tracks), and half
+    # the width of its interval: a move smaller than that is sampling, not the traffic
     recent_alpha: float | None = None
+    recent_alpha_noise: float = 0.0
     # expected remaining length of the current acceptance regime (policies.regime), or of the load regime K
     # is chosen for when that is shorter; None: unknown
     regime_remaining_s: float | None = None
@@ -453,6 +455,16 @@ def _applied_by_the_floor(store: Store, stored: StoredConfig) -> bool:
     return isinstance(trigger, dict) and trigger.get("triggered") is True
 
 
+def _recent(recent: Sequence[WindowRecord], confidence: float) -> tuple[float | None, float]:
+    """α̂ over the last decide interval and half its interval's width (its own windows' dispersion). Not
+    the evidence window's dispersion: when the traffic moves, the window mixing old and new acceptance
+    varies most, and would hide the very move it measures (lab_phases: 0.97 → 0.85 read as noise ±0.18)."""
+    est = alpha_of_windows([w.spec for w in recent if w.spec is not None], confidence)
+    if est.alpha is None or est.alpha_ci is None:
+        return est.alpha, 0.0
+    return est.alpha, (est.alpha_ci[1] - est.alpha_ci[0]) / 2.0
+
+
 def _left_low(
     store: Store, keys: Sequence[EngineKey], previous: StoredConfig, threshold: float, seconds: float
 ) -> bool:
@@ -487,7 +499,8 @@ def measure(
         if effective is not None:
             positions = positions + PositionData.from_counters(effective)
     recent = [w for w in wins if w.end > now - timedelta(seconds=recent_s)]
-    recent_alpha = alpha_of_windows([w.spec for w in recent if w.spec is not None], confidence).alpha
+    alpha = alpha_of_windows([w.spec for w in wins if w.spec is not None], confidence)
+    recent_alpha, recent_noise = _recent(recent, confidence)
     load = [w for w in wins if w.duration_s > 0 and _finite(w.requests_running)]
     load_s = sum(w.duration_s for w in load)
     demand_s = sum(w.duration_s * ((w.requests_running or 0.0) + (w.requests_waiting or 0.0)) for w in load)
@@ -499,7 +512,7 @@ def measure(
         config_id=stored.id,
         current=current,
         spec=spec,
-        alpha=alpha_of_windows([w.spec for w in wins if w.spec is not None], confidence),
+        alpha=alpha,
         windows=len(wins),
         duration_s=duration_s,
         positions=positions,
@@ -513,6 +526,7 @@ def measure(
             if w.duration_s > 0 and w.requests_running is not None and math.isfinite(w.requests_running)
         ),
         recent_alpha=recent_alpha,
+        recent_alpha_noise=recent_noise,
         mean_demand=demand_s / load_s if load_s > 0 else None,
         kv_usage=sum(w.duration_s * (w.kv_cache_usage or 0.0) for w in usage) / usage_s if usage_s > 0 else None,
     )
@@ -563,12 +577,12 @@ def _with_regimes(
     p = settings.policy.policy
     draft = ctx.current.draft
     if memory.alpha_regime is None:
-        alpha = RegimeTracker(p.alpha_regime_band)
+        alpha = RegimeTracker(p.alpha_regime_band, scatter_z=SAMPLED_SCATTER_Z)
     else:
         seen, alpha = memory.alpha_regime
         if seen != draft:  # another draft is another α: a regime we began, not one the traffic ended
             alpha = restart(alpha, ctx.now)
-    alpha = observe(alpha, ctx.now, ctx.recent_alpha)
+    alpha = observe(alpha, ctx.now, ctx.recent_alpha, ctx.recent_alpha_noise)
     moved_at = memory.alpha_moved_at
     if alpha.direction != 0 and alpha.started is not None and (moved_at is None or alpha.started > moved_at):
         moved_at = alpha.started
@@ -614,6 +628,7 @@ def _since_the_traffic_moved(
         fresh,
         alpha=replace(fresh.alpha, message=fresh.alpha.message + note),
         recent_alpha=ctx.recent_alpha,
+        recent_alpha_noise=ctx.recent_alpha_noise,
         regime_remaining_s=ctx.regime_remaining_s,
         regime_basis=ctx.regime_basis,
         evidence_since=moved,

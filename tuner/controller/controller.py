@@ -280,6 +280,7 @@ class Controller:
             horizon_basis=ctx.regime_basis,
             restarts=outcome.restarts,
             streak_key=outcome.streak_key,
+            confidence=self.settings.policy.policy.confidence,
         )
         rails = self.settings.guardrails
         cost_s = self.switching_cost_s(outcome.target, now)

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
+from statistics import NormalDist
 
 from tuner.config import GuardrailsSection, MaintenanceWindow
 
@@ -77,6 +78,7 @@ class Proposal:
     # what makes proposals in a row the same change for the streak (None: ``target``); a K table's K where
     # the load runs, so its rows elsewhere moving with noise do not restart the count
     streak_key: str | None = None
+    confidence: float = 0.95  # of ``predicted_gain_ci`` (two-sided)
 
     @property
     def streak_target(self) -> str:
@@ -140,16 +142,36 @@ def check_evidence(s: GuardrailsSection, st: ControllerState, p: Proposal, now: 
     return None
 
 
+def live_lower_end(p: Proposal, live_confidence: float) -> float:
+    """The lower end of the predicted gain read at ``live_confidence`` (one-sided) instead of the interval's
+    own ``p.confidence`` (two-sided): the interval's lower half rescaled on the log scale, where a ratio of
+    goodputs is near normal. Never above the point estimate."""
+    lo, g = p.predicted_gain_ci[0], p.predicted_gain
+    if lo <= 0 or g <= 0 or lo >= g:
+        return lo
+    z_own = NormalDist().inv_cdf(0.5 + p.confidence / 2.0)
+    z_live = NormalDist().inv_cdf(live_confidence)
+    return g * (lo / g) ** (z_live / z_own)
+
+
 def check_gain(s: GuardrailsSection, st: ControllerState, p: Proposal, now: datetime) -> Block | None:
     lo, hi = p.predicted_gain_ci
-    # A change that keeps serving has no downtime to repay and is rolled back if it loses: a smaller bar
+    # A change that keeps serving has no downtime to repay and is rolled back if it loses: a smaller bar,
+    # at a lower confidence (a wrong one costs one verification window; a missed one, the whole regime)
     bar = s.min_gain if p.needs_restart else s.min_gain_live
+    if not p.needs_restart:
+        lo = live_lower_end(p, s.live_gain_confidence)
     if lo <= 1.0 + bar:
-        live = "" if p.needs_restart else " (the bar for a change that does not interrupt serving)"
+        if p.needs_restart:
+            return Block(
+                BlockReason.GAIN_TOO_SMALL,
+                f"Predicted gain {p.predicted_gain:.3f}× (interval {lo:.3f}–{hi:.3f}×) is not surely above "
+                f"{1.0 + bar:.3f}×.",
+            )
         return Block(
             BlockReason.GAIN_TOO_SMALL,
-            f"Predicted gain {p.predicted_gain:.3f}× (interval {lo:.3f}–{hi:.3f}×) is not surely above "
-            f"{1.0 + bar:.3f}×{live}.",
+            f"Predicted gain {p.predicted_gain:.3f}× (lower end {lo:.3f}× at {s.live_gain_confidence:.0%} "
+            f"confidence) is not above {1.0 + bar:.3f}× (the bar for a change that does not interrupt serving).",
         )
     return None
 

@@ -392,7 +392,7 @@ def propose_swap(ctx: DecisionContext, settings: PolicySettings) -> PolicyOutcom
     if swap is None or not ctx.candidates or not ctx.current.speculates or ctx.spec.drafts == 0 or running is None:
         return None
     p = settings.policy
-    k_now = ctx.current.k or 0
+    k_now = ctx.current.k or 0  # what the engine is configured with: its lookahead slots take KV memory
     # a candidate that failed to start is not tried again within the retry horizon
     allowed = [c for c in ctx.candidates if c is running or c.name not in ctx.failed_candidates]
     batch = _swap_batch(ctx, settings)
@@ -401,7 +401,7 @@ def propose_swap(ctx: DecisionContext, settings: PolicySettings) -> PolicyOutcom
         replace(
             _draft_snapshot(ctx, settings, allowed, batch, step_cost, swap),
             current=running.name,
-            current_k=k_now,
+            current_k=ctx.current.k_at(batch),
             windows=ctx.trigger_windows,
             not_opportunistic=ctx.floored,
         )
@@ -432,7 +432,10 @@ def propose_swap(ctx: DecisionContext, settings: PolicySettings) -> PolicyOutcom
         running_speedup(
             decision.current,
             with_running,
-            k_now,
+            # the K it drafts at that batch: a per-batch-size table's row, not the engine's K_max (5 Dec
+            # simulator, lab_phases: medium's table drafting K = 2 at 16 streams was scored at K = 5, so good
+            # at K = 3 read as 1.075x it, not the 1.017x it was, and restarted the engine at 64 streams)
+            ctx.current.k_at(cur_batch),
             cur_batch,
             p.confidence,
             cur_scale,

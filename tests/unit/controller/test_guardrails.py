@@ -26,6 +26,7 @@ from tuner.controller.guardrails import (
     check_streak,
     check_switching_cost,
     in_window,
+    live_lower_end,
     next_streak,
     payback_s,
 )
@@ -120,12 +121,32 @@ def test_a_change_that_keeps_serving_needs_a_smaller_sure_gain() -> None:
     assert check_gain(SETTINGS, STATE, live, T0) is None
     restart = check_gain(SETTINGS, STATE, replace(live, needs_restart=True), T0)
     assert restart is not None and "1.030×" in restart.message and "does not interrupt" not in restart.message
-    low = check_gain(SETTINGS, STATE, replace(live, predicted_gain_ci=(1.005, 1.09)), T0)
+    low = check_gain(SETTINGS, STATE, replace(live, predicted_gain=1.02, predicted_gain_ci=(0.96, 1.09)), T0)
     assert low is not None and low.reason is BlockReason.GAIN_TOO_SMALL
     assert "1.010×" in low.message and "does not interrupt serving" in low.message
+    assert "lower end 0.994× at 80% confidence" in low.message
     # an operator who wants every change alike sets both the same
-    strict = SETTINGS.model_copy(update={"min_gain_live": SETTINGS.min_gain})
+    strict = SETTINGS.model_copy(update={"min_gain_live": SETTINGS.min_gain, "live_gain_confidence": 0.975})
     assert check_gain(strict, STATE, live, T0) is not None
+
+
+def test_a_change_that_keeps_serving_is_judged_at_a_lower_confidence() -> None:
+    """1.05× with a 95 % interval reaching 1.005×: not surely above 1.01× at 95 %, but at the 80 % a live
+    change is judged at (lower end 1.05 × (1.005/1.05)^(0.842/1.960) = 1.030×) it is — a wrong one costs a
+    verification window, a missed one the regime (lab_phases: K = 3 → 5 at one stream, 1.06× predicted
+    with an interval down to 0.99×, waited 5 minutes). A restart still needs the interval's own lower end."""
+    live = replace(GOOD, predicted_gain=1.05, predicted_gain_ci=(1.005, 1.09), needs_restart=False)
+    assert SETTINGS.live_gain_confidence == 0.8
+    assert live_lower_end(live, 0.8) == pytest.approx(1.05 * (1.005 / 1.05) ** (0.8416 / 1.9600), rel=1e-3)
+    assert check_gain(SETTINGS, STATE, live, T0) is None
+    assert live_lower_end(live, 0.975) == pytest.approx(1.005, rel=1e-4)
+    as_sure = SETTINGS.model_copy(update={"live_gain_confidence": 0.975})
+    assert check_gain(as_sure, STATE, live, T0) is not None
+    # the interval's own confidence is what is rescaled: a 99 % interval at the same lower end is narrower
+    # per standard deviation, so its 80 % end is higher
+    assert live_lower_end(replace(live, confidence=0.99), 0.8) > live_lower_end(live, 0.8)
+    no_change = replace(GOOD, predicted_gain=1.05, predicted_gain_ci=(1.005, 1.09), needs_restart=True)
+    assert check_gain(SETTINGS, STATE, no_change, T0) is not None
 
 
 def test_a_streak_key_makes_proposals_that_differ_only_elsewhere_the_same_change() -> None:

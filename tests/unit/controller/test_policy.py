@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from policies.acceptance import AcceptanceEvidence
 from policies.counters import SpecCounters
 from policies.draft_choice import DraftCandidate, DraftTriggerConfig
@@ -397,3 +399,26 @@ def test_propose_k_moves_half_way_while_the_fit_cannot_measure_the_verification_
     # the same fit with its per-token cost measured moves straight to the model's best K
     measured = propose_k(replace(ctx, step_cost=replace(fitted, per_token_assumed=False)), settings)
     assert measured.target == SpecConfig("draft_model", "/d", 5), measured.message
+
+
+def test_a_swap_under_a_table_is_judged_against_the_k_the_table_drafts_at_that_load() -> None:
+    """medium runs a per-batch-size table (engine K = 5, K = 2 from 5 streams up) at 16 streams; good
+    (prior 0.9) is ranked there. The gain is good's speedup over medium's at K = 2, what is in force at
+    16 streams, exactly as for medium at a plain K = 2 — not over medium at the engine's K = 5 (5 Dec
+    simulator, lab_phases: that read 1.017x as 1.075x and restarted the engine at 64 streams)."""
+    cost = pinned(StepCostModel(fixed_s=0.04, per_token_s=0.0027, draft_fixed_s=0.0105, draft_per_seq_s=0.00064))
+    settings = PolicySettings(PolicySection(k_max=5, step_cost=cost, per_batch_size=True, max_batch_size=64), swap=SWAP)
+    table = {
+        "method": "draft_model",
+        "model": "/models/medium",
+        "num_speculative_tokens": 5,
+        "num_speculative_tokens_per_batch_size": [[1, 4, 5], [5, 64, 2]],
+    }
+    plain = {"method": "draft_model", "model": "/models/medium", "num_speculative_tokens": 2}
+    history = {"good": AcceptanceEvidence(successes=2800.0, failures=200.0, drafts=1000.0)}
+    under_table = propose(evidence(table, 0.85, k=2, batch=16.0, candidates=(GOOD, MEDIUM), history=history), settings)
+    under_plain = propose(evidence(plain, 0.85, k=2, batch=16.0, candidates=(GOOD, MEDIUM), history=history), settings)
+    assert under_plain.reason is PolicyReason.SWAP_DRAFT, under_plain.message
+    assert under_table.reason is PolicyReason.SWAP_DRAFT, under_table.message
+    assert under_table.predicted_gain is not None and under_plain.predicted_gain is not None
+    assert under_table.predicted_gain == pytest.approx(under_plain.predicted_gain, rel=1e-6)

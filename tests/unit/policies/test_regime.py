@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import math
 from datetime import UTC, datetime, timedelta
+from itertools import pairwise
 
+import numpy as np
 import pytest
 
-from policies.regime import RegimeTracker, basis, observe, remaining_s, restart
+from policies.regime import SAMPLED_SCATTER_Z, RegimeTracker, basis, observe, remaining_s, restart
 
 T0 = datetime(2026, 1, 5, tzinfo=UTC)
 
 
-def _track(values: list[float], step_s: float = 60.0) -> RegimeTracker:
-    t = RegimeTracker(abs_band=0.05)
+def _track(values: list[float], step_s: float = 60.0, scatter_z: float = 0.0) -> RegimeTracker:
+    t = RegimeTracker(abs_band=0.05, scatter_z=scatter_z)
     for i, v in enumerate(values):
         t = observe(t, T0 + timedelta(seconds=step_s * i), v)
     return t
@@ -75,3 +77,28 @@ def test_a_few_regimes_that_lasted_past_this_age_do_not_say_it_ends_soon() -> No
     three = _track(short * 3 + long * 3 + [0.7] * 55 + [0.4] * 5)
     now = T0 + timedelta(seconds=60 * (len(short) * 3 + len(long) * 3 + 55 + 5))
     assert remaining_s(three, now) == pytest.approx(60.0)
+
+
+def test_a_scatter_its_own_observations_show_is_not_a_new_regime_but_a_move_beyond_it_is() -> None:
+    """One stream, one prompt mix: five-second α̂ scatters ±0.08 around 0.92 (one or two requests each).
+    A fixed 0.05 band read that as the traffic moving every few minutes; the regime's own scatter (and
+    each observation's interval) keeps it one regime, while a fall to 0.78 is still a new one."""
+    rng = np.random.default_rng(7)
+    noisy = list(np.clip(0.92 + rng.normal(0.0, 0.04, 240), 0.0, 0.999))
+    beyond = [abs(v - 0.92) > 0.05 for v in noisy]
+    assert sum(a and b for a, b in pairwise(beyond)) >= 3  # the band alone: false moves
+    t = _track(noisy, step_s=5.0, scatter_z=SAMPLED_SCATTER_Z)
+    assert t.lengths_s == () and t.scatter() == pytest.approx(0.04, abs=0.01)
+    assert _track(noisy, step_s=5.0).lengths_s != ()  # the band alone (a quantity measured exactly)
+    fell = t
+    for i, v in enumerate(np.clip(0.78 + rng.normal(0.0, 0.02, 6), 0.0, 0.999)):
+        fell = observe(fell, T0 + timedelta(seconds=5.0 * (240 + i)), v)
+    assert fell.lengths_s == (1200.0,) and fell.direction == -1
+    # an observation's own interval: two ticks 0.1 away but each ±0.15 wide are not a move
+    wide = _track([0.9] * 3, scatter_z=SAMPLED_SCATTER_Z)
+    for i in range(2):
+        wide = observe(wide, T0 + timedelta(seconds=60 * (3 + i)), 0.8, noise=0.15)
+    assert wide.lengths_s == () and wide.level == pytest.approx(0.86)
+    for i in range(2):
+        wide = observe(wide, T0 + timedelta(seconds=60 * (5 + i)), 0.6, noise=0.05)
+    assert wide.lengths_s == (300.0,)
