@@ -338,7 +338,8 @@ def run_spectuner(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     doc["plugin"] = {"ingest_listen": f"127.0.0.1:{free_port()}", "control_address": f"unix:{sock}",
                      "token_file": str(run_dir / "plugin.token")}
     doc["speculative"]["num_speculative_tokens"] = args.k_max
-    doc["speculative"]["extra"] = {"num_speculative_tokens_per_batch_size": [[1, args.max_batch, args.start[1]]]}
+    table = [[1, args.max_batch, args.start[1]]]
+    doc["speculative"].setdefault("extra", {})["num_speculative_tokens_per_batch_size"] = table
     if args.shadow_interval_s > 0:
         # The front door records the traffic; every candidate is replayed on its newest samples, so a
         # draft the engine is not running is ranked from measured α (docs/shadow.md), not from its prior.

@@ -28,7 +28,7 @@ from policies.acceptance_model import AcceptanceModel
 from policies.memory import DraftFootprint, MemoryBudget, check_memory
 from policies.spec_config import SpecConfig
 from policies.speedup import check_k
-from policies.step_cost import StepCostModel, design_matrix
+from policies.step_cost import StepCostModel
 
 
 @dataclass(frozen=True)
@@ -127,8 +127,8 @@ def evaluate_k(snapshot: KChoiceSnapshot, k: int) -> KOption:
     # the fit's covariance says nothing of a measured cell's mean (both cells measured: E alone is uncertain)
     measured = model.is_measured(b, k) or model.is_measured(b, 0)
     if model.covariance is not None and not off and not measured:
-        x = design_matrix(np.array([b, b], float), np.array([k, 0], float), [model.draft_pass_at_k0, False])
-        g = x[0] / t_k - x[1] / t_0
+        plain = np.array([1.0, b, 0.0, 0.0])  # T(B, 0) without a draft: the speedup's baseline
+        g = model.design_row(b, k) / t_k - plain / t_0
         sd_t = math.sqrt(max(float(g @ np.array(model.covariance) @ g), 0.0))
     sd = math.hypot(sd_e, sd_t)
     if sd_t == 0.0:

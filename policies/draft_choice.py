@@ -29,7 +29,7 @@ from typing import Any
 from scipy import stats
 
 from policies.acceptance import AcceptanceEvidence, AlphaReason, evidence_from_counters
-from policies.acceptance_model import ConstantAlphaModel
+from policies.acceptance_model import AcceptanceModel, ConstantAlphaModel, sparse
 from policies.choose_k import KChoiceSnapshot, KDecision, choose_k, evaluate_k
 from policies.counters import SpecCounters
 from policies.dispersion import DispersionSums
@@ -65,6 +65,10 @@ class DraftCandidate:
     # with ``prior_source`` when the prior comes from elsewhere (the fleet: ``policies.fleet``).
     prior_strength_trials: float | None = None
     prior_source: str = "configured"
+    # Share of the verify steps at which it drafts (``policies.shadow_replay.proposal_share``): below 1 for
+    # a prompt lookup, which drafts only where it finds a match; it scales the tokens a step makes and the
+    # tokens the target verifies (``SparseProposals``, ``StepCostModel.proposal_share``).
+    proposal_share: float = 1.0
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -79,6 +83,10 @@ class DraftCandidate:
             raise ValueError(f"draft candidate {self.name!r}: params and KV bytes cannot be negative")
         if self.cost_ratio is not None and not (math.isfinite(self.cost_ratio) and self.cost_ratio >= 0):
             raise ValueError(f"draft candidate {self.name!r}: cost ratio must be ≥ 0 but got {self.cost_ratio!r}")
+        if not (math.isfinite(self.proposal_share) and 0.0 < self.proposal_share <= 1.0):
+            raise ValueError(
+                f"draft candidate {self.name!r}: proposal share must be in (0, 1] but got {self.proposal_share!r}"
+            )
         for key in ("draft_fixed_s", "draft_per_seq_s"):
             value = getattr(self, key)
             if value is not None and not (math.isfinite(value) and value >= 0):
@@ -108,9 +116,15 @@ class DraftCandidate:
         """``target``'s linear model with this draft's pass beside it: its measured pass when given, else
         its cost ratio × the target's; None when neither is known."""
         if self.pass_measured:
-            return target.with_draft_cost(self.draft_fixed_s or 0.0, self.draft_per_seq_s or 0.0)
-        ratio = self.cost_ratio_for(target_params)
-        return None if ratio is None else target.with_draft_ratio(ratio)
+            model = target.with_draft_cost(self.draft_fixed_s or 0.0, self.draft_per_seq_s or 0.0)
+        else:
+            ratio = self.cost_ratio_for(target_params)
+            if ratio is None:
+                return None
+            model = target.with_draft_ratio(ratio)
+        if self.proposal_share >= 1.0 and not self.free:
+            return model
+        return replace(model, proposal_share=self.proposal_share, lookup_proposer=self.free)
 
     def cost_ratio_for(self, target_params: int | None) -> float | None:
         if self.cost_ratio is not None:
@@ -323,11 +337,13 @@ class CandidateScore:
     speedup_ci: tuple[float, float]
     message: str
     prior: str = ""  # where the prior α came from, e.g. "configured 0.50 worth 200 tokens"
+    proposal_share: float = 1.0  # the candidate's (DraftCandidate.proposal_share)
 
-    def alpha_model(self) -> ConstantAlphaModel:
-        """The candidate's α as an acceptance model, its interval widened to contain the point."""
+    def alpha_model(self) -> AcceptanceModel:
+        """The candidate's α as an acceptance model, its interval widened to contain the point, at its
+        proposal share."""
         lo, hi = self.alpha_ci
-        return ConstantAlphaModel(self.alpha, min(lo, self.alpha), max(hi, self.alpha))
+        return sparse(ConstantAlphaModel(self.alpha, min(lo, self.alpha), max(hi, self.alpha)), self.proposal_share)
 
 
 class DraftReason(StrEnum):
@@ -420,7 +436,9 @@ def _score(
         return choose_k(
             KChoiceSnapshot(
                 now=snapshot.now,
-                acceptance=ConstantAlphaModel(alpha, min(alpha_ci[0], alpha), max(alpha_ci[1], alpha)),
+                acceptance=sparse(
+                    ConstantAlphaModel(alpha, min(alpha_ci[0], alpha), max(alpha_ci[1], alpha)), cand.proposal_share
+                ),
                 step_cost=step_cost,
                 batch_size=batch,
                 k_max=snapshot.k_max,
@@ -454,6 +472,8 @@ def _score(
     fits = any(o.fits_memory for o in decision.by_k if o.k > 0)
     lo, hi = decision.speedup_ci
     capped = f" at batch {batch} (memory cap; {scale:.2f}× plain decoding's throughput)" if scale != 1.0 else ""
+    share = cand.proposal_share
+    drafts_at = f", drafting at {share:.0%} of its steps" if share < 1.0 else ""
     return CandidateScore(
         name,
         source,
@@ -463,7 +483,8 @@ def _score(
         decision.k,
         decision.speedup * scale,
         (lo * scale, hi * scale),
-        f"{name}: α ≈ {alpha:.2f} ({source}){capped}; {decision.message}",
+        f"{name}: α ≈ {alpha:.2f} ({source}){drafts_at}{capped}; {decision.message}",
+        proposal_share=share,
     )
 
 

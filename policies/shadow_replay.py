@@ -43,6 +43,10 @@ class ReplayResult:
     def evidence(self) -> AcceptanceEvidence:
         return evidence_from_draft_steps(self.accepted, self.drafted)
 
+    @property
+    def proposal_share(self) -> float | None:
+        return proposal_share(self.evidence, self.samples, self.output_tokens)
+
     def __add__(self, other: ReplayResult) -> ReplayResult:
         return ReplayResult(
             self.accepted + other.accepted,
@@ -53,6 +57,40 @@ class ReplayResult:
 
 
 EMPTY = ReplayResult((), (), 0, 0)
+
+
+def proposal_share(evidence: AcceptanceEvidence, samples: int, output_tokens: int) -> float | None:
+    """Share of the decode steps in which the proposer drafted, from a replay's totals: a step that drafted
+    emitted its accepted tokens and the bonus token, every other decode step one token, and each sample's
+    first output token came from its prefill. 1 for a draft model (it drafts at every step; its last step
+    may run past the record, hence the clamp); below 1 for a prompt lookup that found no match at some
+    steps. None without drafts."""
+    if evidence.drafts <= 0 or output_tokens - samples <= 0:
+        return None
+    plain = max(0.0, output_tokens - samples - evidence.drafts - evidence.successes)
+    return evidence.drafts / (evidence.drafts + plain)
+
+
+def ngram_lookup(extra: Mapping[str, object]) -> tuple[int, int]:
+    """(min_n, max_n) of a prompt lookup as vLLM resolves its speculative config
+    (``vllm/config/speculative.py``): neither given → 5 and 5; one given → the other equals it. A replay
+    that defaulted to 1-grams proposed at 80 % of the lab's hard-prompt steps and accepted 1.2 tokens a
+    step where vLLM's 2–5-grams accepted 2.3."""
+    given: dict[str, int] = {}
+    for name in ("prompt_lookup_min", "prompt_lookup_max"):
+        value = extra.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an integer ≥ 1 but got {value!r}")
+        given[name] = value
+    if not given:
+        return 5, 5
+    min_n = given.get("prompt_lookup_min", given.get("prompt_lookup_max", 0))
+    max_n = given.get("prompt_lookup_max", min_n)
+    if min_n > max_n:
+        raise ValueError(f"prompt_lookup_min={min_n} must be ≤ prompt_lookup_max={max_n}")
+    return min_n, max_n
 
 
 def ngram_propose(tokens: Sequence[int], min_n: int, max_n: int, k: int, max_model_len: int) -> list[int]:

@@ -12,6 +12,13 @@ verified tokens to keep the draft's KV cache in sync and only then returns no dr
 ``draft_pass_at_k0`` set and counts max(K, 1) draft passes; :meth:`StepCostModel.plain_step_time_s` is
 then the step of an engine without a draft (speculation off), the baseline of every speedup.
 
+A prompt lookup (ngram, suffix) differs in two ways (``lookup_proposer``). One lookup per sequence drafts
+all K tokens (vLLM's n-gram proposer matches once per request per step), so a step at K ≥ 1 costs one
+proposer pass, not K. And it drafts only where the lookup finds a match; at the other steps a sequence
+verifies its one token alone: with ``proposal_share`` s (the share of a sequence's verify steps that carry
+drafts) the target scores B·(1 + s·K) tokens a step on average; s = 1 (a draft model, which always
+drafts) is the formula above.
+
 All four parameters are ≥ 0, so the fit is a bounded linear least-squares problem
 (``scipy.optimize.nnls``). The draft/target cost ratio at batch B is
 c(B) = (draft_fixed_s + draft_per_seq_s·B) / (fixed_s + per_token_s·B), Leviathan's c at B = 1.
@@ -64,6 +71,10 @@ class StepCostModel:
     # and the new K's steps measure it. Leviathan's model from a cost ratio assumes the same by configuration
     # (no steps to measure it: the plugin is not running) and is not flagged.
     per_token_assumed: bool = False
+    # Share of a sequence's verify steps that carry drafts (see the module doc); 1 for a draft model.
+    proposal_share: float = 1.0
+    # The proposer is a lookup (ngram, suffix): one pass a step drafts all K tokens (see the module doc).
+    lookup_proposer: bool = False
 
     def __post_init__(self) -> None:
         for name in PARAMETER_NAMES:
@@ -72,6 +83,8 @@ class StepCostModel:
                 raise ValueError(f"step-cost parameter {name} must be a finite number ≥ 0 but got {value!r}")
         if self.fixed_s + self.per_token_s <= 0.0:
             raise ValueError("a target step must cost something: fixed_s + per_token_s must be > 0")
+        if not (math.isfinite(self.proposal_share) and 0.0 < self.proposal_share <= 1.0):
+            raise ValueError(f"proposal_share must be in (0, 1] but got {self.proposal_share!r}")
 
     @classmethod
     def from_cost_ratio(cls, cost_ratio: float, target_step_s: float = 1.0, per_token_s: float = 0.0) -> StepCostModel:
@@ -131,7 +144,10 @@ class StepCostModel:
         return self if self.draft_pass_at_k0 == on else replace(self.linear(), draft_pass_at_k0=on)
 
     def draft_passes(self, k: int) -> int:
-        """Draft forward passes of one step at K: K, or 1 at K = 0 when a draft model is loaded."""
+        """Draft forward passes of one step at K: K, or 1 at K = 0 when a draft model is loaded; a lookup's
+        one pass at any K ≥ 1."""
+        if self.lookup_proposer:
+            return 1 if k > 0 else 0
         return 1 if k == 0 and self.draft_pass_at_k0 else k
 
     def step_time_s(self, batch_size: float, k: int) -> float:
@@ -139,7 +155,7 @@ class StepCostModel:
         # plain float arithmetic: this runs K_max × batch sizes times per decision
         return (
             self.fixed_s
-            + self.per_token_s * batch_size * (k + 1)
+            + self.per_token_s * batch_size * (1.0 + self.proposal_share * k)
             + self.draft_passes(k) * (self.draft_fixed_s + self.draft_per_seq_s * batch_size)
         )
 
@@ -147,12 +163,18 @@ class StepCostModel:
         """T(B) of the same target without any draft loaded: speculation off, every speedup's baseline."""
         return self.fixed_s + self.per_token_s * batch_size
 
+    def design_row(self, batch_size: float, k: int) -> NDArray[np.float64]:
+        """The row x with T(B, K) = x · (fixed_s, per_token_s, draft_fixed_s, draft_per_seq_s) in this
+        engine (what a fit's covariance is read along); K = 0 here is a step of this engine at K = 0."""
+        passes = self.draft_passes(k)
+        return np.array([1.0, batch_size * (1.0 + self.proposal_share * k), passes, passes * batch_size])
+
     def step_time_interval_s(self, batch_size: float, k: int, confidence: float = 0.95) -> tuple[float, float]:
         """Interval for the mean step time T(B, K) from the fit's covariance (a point without one)."""
         mean = self.step_time_s(batch_size, k)
         if self.covariance is None:
             return (mean, mean)
-        x = design_matrix(np.array([batch_size], float), np.array([k], float), self.draft_pass_at_k0)[0]
+        x = self.design_row(batch_size, k)
         sd = math.sqrt(max(float(x @ np.array(self.covariance) @ x), 0.0))
         z = NormalDist().inv_cdf(0.5 + confidence / 2.0)
         return (max(mean - z * sd, 0.0), mean + z * sd)
@@ -162,6 +184,9 @@ class StepCostModel:
         return (self.draft_fixed_s + self.draft_per_seq_s * batch_size) / (self.fixed_s + self.per_token_s * batch_size)
 
     def to_dict(self) -> dict[str, Any]:
+        # proposal_share only where it is not 1: a draft model's dict stays as it always was
+        share = {"proposal_share": self.proposal_share} if self.proposal_share < 1.0 else {}
+        lookup = {"lookup_proposer": True} if self.lookup_proposer else {}
         return {
             "fixed_s": self.fixed_s,
             "per_token_s": self.per_token_s,
@@ -171,6 +196,8 @@ class StepCostModel:
             "residual_std_s": self.residual_std_s,
             "draft_pass_at_k0": self.draft_pass_at_k0,
             "per_token_assumed": self.per_token_assumed,
+            **share,
+            **lookup,
         }
 
     @classmethod
@@ -193,12 +220,20 @@ class StepCostModel:
         assumed = data.get("per_token_assumed", False)
         if not isinstance(assumed, bool):
             raise ValueError(f"per_token_assumed must be true or false but got {assumed!r}")
+        share = data.get("proposal_share", 1.0)
+        if isinstance(share, bool) or not isinstance(share, int | float):
+            raise ValueError(f"proposal_share must be a number in (0, 1] but got {share!r}")
+        lookup = data.get("lookup_proposer", False)
+        if not isinstance(lookup, bool):
+            raise ValueError(f"lookup_proposer must be true or false but got {lookup!r}")
         return cls(
             **values,
             covariance=covariance,
             residual_std_s=float(std) if std is not None else None,
             draft_pass_at_k0=at_k0,
             per_token_assumed=assumed,
+            proposal_share=float(share),
+            lookup_proposer=lookup,
         )
 
 
@@ -555,6 +590,8 @@ class MeasuredStepCost(StepCostModel):
             self.residual_std_s,
             self.draft_pass_at_k0,
             self.per_token_assumed,
+            self.proposal_share,
+            self.lookup_proposer,
         )
 
     def step_time_s(self, batch_size: float, k: int) -> float:

@@ -30,7 +30,14 @@ from typing import Any
 
 from collectors.traffic_record import TrafficSample
 from policies.acceptance import estimate_alpha_from_evidence
-from policies.shadow_replay import EMPTY, ReplayResult, ngram_propose, replay_proposer, steps_from_predictions
+from policies.shadow_replay import (
+    EMPTY,
+    ReplayResult,
+    ngram_lookup,
+    ngram_propose,
+    replay_proposer,
+    steps_from_predictions,
+)
 from policies.spec_config import K_KEY
 
 HEAD_METHODS = frozenset({"eagle", "eagle3", "mtp", "medusa"})
@@ -134,8 +141,10 @@ def evaluate_ngram(
     max_model_len: int,
     throttle: Throttle = NO_THROTTLE,
 ) -> ReplayResult:
-    min_n = int(extra.get("prompt_lookup_min", 1) if extra.get("prompt_lookup_min") is not None else 1)
-    max_n = int(extra.get("prompt_lookup_max", min_n) if extra.get("prompt_lookup_max") is not None else min_n)
+    try:
+        min_n, max_n = ngram_lookup(extra)
+    except ValueError as exc:
+        raise ShadowInputError(f"ngram candidate: {exc}") from exc
     total = EMPTY
     for s in samples:
         total = total + replay_proposer(

@@ -755,6 +755,49 @@ def test_a_shadow_replay_from_before_the_traffic_moved_weighs_no_more_than_the_p
         assert minutes(1, 0.5) == full  # replayed after the move: in full
 
 
+def test_a_lookup_candidate_is_ranked_at_the_share_of_steps_its_newest_replay_drafted_at(db_url: str) -> None:
+    """A prompt lookup drafts only where it finds a match: its replay's totals say at what share of the steps
+    (``policies.shadow_replay.proposal_share``), and the candidate the policy ranks carries that share — the
+    running draft as the same object as its entry in the list, a draft model at share 1 — from the newest
+    replay within the history horizon, whether speculation is on or off."""
+    from policies.acceptance import AcceptanceEvidence
+    from policies.draft_choice import DraftCandidate, DraftTriggerConfig
+    from tuner.controller.context import ControllerMemory, build_context
+    from tuner.store.shadow import ShadowResult, write_shadow_result
+
+    lookup = DraftCandidate("lookup", "ngram", speculative_config={"prompt_lookup_min": 2, "prompt_lookup_max": 5})
+    running = DraftCandidate("running", "draft_model", K2["model"])
+    settings = replace(SETTINGS, policy=replace(SETTINGS.policy, swap=DraftTriggerConfig()))
+
+    def replay(name: str, method: str, at: datetime, ev: AcceptanceEvidence, samples: int, tokens: int) -> None:
+        write_shadow_result(store, ShadowResult(name, method, None, at, samples, tokens, 3, ev, 0.9, (0.85, 0.95),
+                                                False, "ok"))  # fmt: skip
+
+    with Store(db_url) as store:
+        store.record_config(KEY, config_record(K2, T0, AppliedBy.STARTUP))
+        now = write_windows(store, T0, 6, k=2, rate=100.0, alpha=0.8)
+        current = store.current_config(KEY)
+        assert current is not None
+        # 10 samples of 201 tokens: 200 decode steps' worth each; the lookup drafted at 300 steps, accepting
+        # 600 tokens (900 of the 2000 decode tokens), so the other 1100 came one a step: 300 / 1400
+        replay("lookup", "ngram", now - timedelta(hours=2), AcceptanceEvidence(100.0, 100.0, 150.0), 10, 2010)
+        replay("lookup", "ngram", now, AcceptanceEvidence(600.0, 60.0, 300.0), 10, 2010)
+        # a draft model's replay: every step drafted (its tokens add up to more than the record: share 1)
+        replay("running", "draft_model", now, AcceptanceEvidence(1500.0, 200.0, 520.0), 10, 2010)
+        ctx, _ = build_context(store, [KEY], current, now, settings, [running, lookup], [], ControllerMemory())
+        by_name = {c.name: c for c in ctx.candidates}
+        assert by_name["lookup"].proposal_share == pytest.approx(300 / 1400)
+        assert by_name["running"].proposal_share == 1.0
+        assert ctx.running is by_name["running"]
+        # speculation off: the drafts it could come back with carry their shares too
+        store.record_config(KEY, config_record({"method": "off"}, now, AppliedBy.RESTART))
+        off = store.current_config(KEY)
+        assert off is not None
+        ctx, _ = build_context(store, [KEY], off, now + timedelta(seconds=5), settings, [running, lookup], [],
+                               ControllerMemory())  # fmt: skip
+        assert {c.name: c.proposal_share for c in ctx.candidates}["lookup"] == pytest.approx(300 / 1400)
+
+
 def test_evidence_starts_where_the_traffic_moved_the_acceptance_once_history_can_weigh_it(db_url: str) -> None:
     """Windows from before the acceptance moved with the traffic measured another prompt mix: pooled
     with the new ones they hold α̂ near the old level, and their mix inflates the over-dispersion that

@@ -280,6 +280,7 @@ def build_context(
     p = settings.policy.policy
     ctx = measure(store, keys, stored, now, p.evidence_window_s, p.confidence, settings.controller.decide_interval_s)
     running, everyone = current_candidate(ctx.current, configured, p.cost_ratio)
+    running, everyone = with_proposal_shares(store, now, settings, running, everyone)
     ctx, memory = _with_regimes(ctx, settings, memory)
     ctx = _since_the_traffic_moved(ctx, store, keys, stored, settings, memory)
     # one K, speculation off under a table, or back on: each serves whatever load comes
@@ -289,7 +290,8 @@ def build_context(
     if not ctx.current.speculates:
         # the drafts it could come back with; their cost ratios also let their steps measure the target
         # (steps without speculation at one batch size cannot tell its per-token cost from its fixed cost)
-        everyone = revival_candidates(store, keys, now, settings, configured)
+        revivable = revival_candidates(store, keys, now, settings, configured)
+        _, everyone = with_proposal_shares(store, now, settings, None, revivable)
     ctx, memory = _with_step_cost(ctx, store, settings, running, everyone, memory)
     if not ctx.current.speculates:
         return _with_revival(ctx, store, keys, now, settings, everyone, failed, memory), memory
@@ -311,6 +313,31 @@ def build_context(
         failed_candidates=frozenset(c.name for c in everyone if any(same_draft(f, c) for f in failed)),
         floored=floored_out(everyone, settings, memory),
     ), memory
+
+
+def with_proposal_shares(
+    store: Store,
+    now: datetime,
+    settings: ControllerSettings,
+    running: DraftCandidate | None,
+    candidates: Sequence[DraftCandidate],
+) -> tuple[DraftCandidate | None, list[DraftCandidate]]:
+    """The candidates, each at the share of steps its newest shadow replay within ``history_s`` drafted at
+    (a prompt lookup drafts only where it finds a match; a draft model at every step, share 1). ``running``
+    is returned as the same object as its entry in the list (the policy tells it by identity)."""
+    if not any(c.free for c in candidates):
+        return running, list(candidates)  # only a lookup drafts at some steps: no store read for the others
+    results = latest_shadow_results(store, now - timedelta(seconds=settings.history_s))
+    out: list[DraftCandidate] = []
+    new_running = running
+    for cand in candidates:
+        result = results.get(cand.name)
+        share = result.proposal_share if result is not None else None
+        new = cand if not cand.free or share is None or share >= 1.0 else replace(cand, proposal_share=share)
+        if cand is running:
+            new_running = new
+        out.append(new)
+    return new_running, out
 
 
 def candidate_shadow(

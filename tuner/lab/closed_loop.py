@@ -23,7 +23,7 @@ from typing import Any
 
 from tuner.lab.apply_load import side_by_side_cpu_env
 from tuner.lab.models import Manifest
-from tuner.lab.serve import LabServer
+from tuner.lab.serve import NGRAM_LOOKUP, LabServer
 
 LAB_STEP_COST: dict[str, float] = {
     "fixed_s": 2.08e-3,
@@ -143,7 +143,8 @@ def lab_daemon_config(
         _table(
             "speculative",
             {"method": start.method, "model": start.path if start.method != "ngram" else None,
-             "num_speculative_tokens": settings.start_k},
+             "num_speculative_tokens": settings.start_k,
+             "extra": dict(NGRAM_LOOKUP) if start.method == "ngram" else None},
         ),
         _table("actuator", {"kind": "restart", "strategy": settings.strategy}),
         _table(
@@ -208,6 +209,7 @@ def lab_daemon_config(
             _table(
                 "drafts",
                 {"name": name, "method": info.method, "model": info.path if info.method != "ngram" else None,
+                 "extra": dict(NGRAM_LOOKUP) if info.method == "ngram" else None,
                  "prior_alpha": PRIOR_ALPHA.get(name, 0.5),
                  "cost_ratio": lab_draft_cost_ratio(manifest, name, cost_ratio)},
                 array=True,

@@ -21,6 +21,9 @@ from tuner.lab.models import DEFAULT_MODELS_DIR, Manifest, load_manifest
 
 SERVED_MODEL_NAME = "lab-target"
 NO_SPECULATION = "none"
+# The lab's prompt lookup: 2- to 5-grams. Whatever registers the lab's ngram as a candidate passes the same
+# keys, so a swap to it and its shadow replay run the lookup the fixed configs measured.
+NGRAM_LOOKUP: dict[str, int] = {"prompt_lookup_min": 2, "prompt_lookup_max": 5}
 _SUN_PATH_MAX = 107  # sizeof(sockaddr_un.sun_path) - 1
 _ZMQ_SOCKET_NAME_LEN = 36  # vLLM names IPC sockets by uuid4
 
@@ -68,7 +71,7 @@ def speculative_config(
     info = manifest.drafts[draft]
     cfg: dict[str, Any]
     if info.method == "ngram":
-        cfg = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
+        cfg = {"method": "ngram", "num_speculative_tokens": k, **NGRAM_LOOKUP}
     else:
         cfg = {"method": "draft_model", "model": info.path, "num_speculative_tokens": k}
     if per_batch_size:

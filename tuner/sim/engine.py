@@ -30,6 +30,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from policies.counters import SpecCounters
+from policies.memory import FREE_METHODS
 from policies.spec_config import OFF as OFF_SPEC
 from policies.spec_config import SpecConfig, method_drafts_at_k0
 from policies.step_cost import StepCostModel
@@ -195,12 +196,18 @@ class SimEngine:
         return np.where(np.arange(cfg.k + 1) <= k[..., None], surv, 0.0)
 
     def expected_tokens(self, cfg: SimConfig, t: ArrayLike) -> NDArray[np.float64]:
-        """E: tokens per sequence per step (1 without speculation) = Σ_j P(accepted ≥ j)."""
+        """E: tokens per sequence per step (1 without speculation) = Σ_j P(accepted ≥ j) at the steps that
+        draft; a lookup drafts at ``proposal_share`` of them: 1 + share·(E − 1)."""
         tt = np.asarray(t, dtype=float)
         if cfg.off:
             return np.ones(tt.shape)
         k = cfg.k_at(self.batch(cfg, tt))
-        return self.survival(cfg, self.alpha(str(cfg.draft), tt), k).sum(axis=-1)
+        e = self.survival(cfg, self.alpha(str(cfg.draft), tt), k).sum(axis=-1)
+        return 1.0 + self.share(cfg) * (e - 1.0)
+
+    def share(self, cfg: SimConfig) -> float:
+        """Share of a sequence's steps that carry drafts (``DraftSection.proposal_share``; 1 off)."""
+        return 1.0 if cfg.off else self.drafts[str(cfg.draft)].proposal_share
 
     # -- capacity and cost ---------------------------------------------------------------------
     def max_batch(self, cfg: SimConfig) -> int:
@@ -253,12 +260,14 @@ class SimEngine:
         k = cfg.k_at(b)
         # T(B, K) = fixed + per_token·max(B·(K+1) − free, 0) + D·(draft_fixed + draft_per_seq·B), as
         # StepCostModel when free = 0: D = K draft passes, or 1 for a table's K = 0 with a draft model (vLLM
-        # keeps the draft's KV cache in sync)
-        loaded = not cfg.off and method_drafts_at_k0(self.drafts[str(cfg.draft)].method)
-        passes = np.where((k == 0) & loaded, 1, k)
+        # keeps the draft's KV cache in sync), or one pass at any K ≥ 1 for a lookup
+        method = None if cfg.off else self.drafts[str(cfg.draft)].method
+        loaded = method_drafts_at_k0(method)
+        # a lookup (ngram, suffix) drafts all K tokens in one pass a step (StepCostModel.lookup_proposer)
+        passes = np.where(k > 0, 1, 0) if method in FREE_METHODS else np.where((k == 0) & loaded, 1, k)
         return (
             model.fixed_s
-            + model.per_token_s * np.maximum(b * (k + 1) - self.scenario.engine.free_tokens, 0.0)
+            + model.per_token_s * np.maximum(b * (1 + self.share(cfg) * k) - self.scenario.engine.free_tokens, 0.0)
             + passes * (model.draft_fixed_s + model.draft_per_seq_s * b)
             + self.kv_read_s_per_seq * b
         )
@@ -305,12 +314,15 @@ class SimEngine:
         noise = np.maximum(1.0 + cv * self._step_noise[self._slot(t)], 0.2)
         step_s = self.step_time_s(cfg, np.maximum(b, 1e-9)) * noise
         steps = np.where(b > 0, duration / step_s, 0.0)
-        drafts = np.rint(steps * b).astype(np.int64)
+        seq_steps = np.rint(steps * b).astype(np.int64)
         if cfg.off:
             return [
                 SimWindow(float(s0), float(s1), float(n), None, float(bb), float(w), float(st), 0, _usage(u))
-                for s0, s1, n, bb, w, st, u in zip(starts_s, ends_s, drafts, b, waiting, step_s, usage, strict=True)
+                for s0, s1, n, bb, w, st, u in zip(starts_s, ends_s, seq_steps, b, waiting, step_s, usage, strict=True)
             ]
+        # a lookup drafts at a share of the sequences' steps; the others emit their one token undrafted
+        share = self.share(cfg)
+        drafts = seq_steps if share >= 1.0 else rng.binomial(seq_steps, share).astype(np.int64)
         ks = cfg.k_at(b)
         # the requests a window saw: those running, plus those that finished (at the expected rate); only
         # a draft with a spread between requests needs them (this is the simulator's hot path)
@@ -327,13 +339,14 @@ class SimEngine:
         for i in range(len(t)):
             k = int(ks[i])
             n = int(drafts[i])
+            plain = int(seq_steps[i]) - n
             if k == 0:  # a table row with K = 0: plain decoding steps, no drafts
                 spec = SpecCounters(0, 0, 0, (), None)
                 out.append(
                     SimWindow(
                         float(starts_s[i]),
                         float(ends_s[i]),
-                        float(n),
+                        float(n + plain),
                         spec,
                         float(b[i]),
                         float(waiting[i]),
@@ -347,12 +360,12 @@ class SimEngine:
             # positions and could not tell a short draft from a rejection).
             per_pos = tuple(int(x) for x in at_least[i, 1 : k + 1])
             accepted = sum(per_pos)
-            spec = SpecCounters(n, n * k, accepted, per_pos, k, generated_tokens=n + accepted)
+            spec = SpecCounters(n, n * k, accepted, per_pos, k, generated_tokens=n + plain + accepted)
             out.append(
                 SimWindow(
                     float(starts_s[i]),
                     float(ends_s[i]),
-                    float(n + accepted),
+                    float(n + plain + accepted),
                     spec,
                     float(b[i]),
                     float(waiting[i]),

@@ -114,6 +114,13 @@ class DraftSection(_Section):
     alpha_schedule: list[tuple[float, float]] | None = Field(
         default=None, description="[[time_s, alpha], ...]: α over time, linear between points (overrides alpha)"
     )
+    proposal_share: float = Field(
+        default=1.0,
+        gt=0,
+        le=1,
+        description="share of a sequence's steps at which a lookup (ngram, suffix) finds a match and drafts; "
+        "the others verify one token alone (α is the acceptance of what it drafted)",
+    )
 
     @field_validator("alpha_schedule")
     @classmethod
@@ -294,6 +301,10 @@ class Scenario(_Section):
                 loaded = sorted({"weights_bytes", "kv_bytes_per_token", "cost_ratio"} & d.model_fields_set)
                 if loaded:
                     raise ValueError(f"draft {d.name!r} ({d.method}) loads no model: {loaded} do not apply")
+            elif "proposal_share" in d.model_fields_set:
+                raise ValueError(
+                    f"draft {d.name!r} ({d.method}) drafts at every step: proposal_share applies to ngram or suffix"
+                )
         if self.engine.kv_read_s_per_token > 0 and self.engine.memory is None:
             raise ValueError("engine.kv_read_s_per_token needs [engine.memory] (tokens_per_seq: the context read)")
         unknown_candidates = sorted(set(self.controller.candidates or ()) - set(names))

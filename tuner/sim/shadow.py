@@ -57,21 +57,25 @@ class ShadowFeed:
             alpha = float(self.engine.alpha(d.name, np.array([t_s]))[0])
             alpha = min(max(alpha + self.rng.normal(0.0, self.section.bias_sd) if self.section.bias_sd else alpha,
                             0.0), 0.999)
-            replay = self._replay(alpha)
+            replay = self._replay(alpha, d.proposal_share)
             a, ci = estimate_alpha_from_evidence(replay.evidence)
             results.append(ShadowResult(d.name, d.method, None, now, replay.samples, replay.output_tokens,
                                         self.section.k, replay.evidence, a, ci, False, "simulated",
                                         {"simulated_alpha": alpha}))
         return results
 
-    def _replay(self, alpha: float) -> ReplayResult:
+    def _replay(self, alpha: float, share: float = 1.0) -> ReplayResult:
         k = self.section.k
         accepted: list[int] = []
         tokens = 0
         while tokens < self.section.tokens_per_run:
+            if share < 1.0 and self.rng.random() >= share:
+                tokens += 1  # the lookup found no match: the target decodes one token alone
+                continue
             # accepted tokens of one step: how many of K i.i.d. Bernoulli(α) succeed before the first failure
             draws = self.rng.random(k) < alpha
             n = int(k if draws.all() else np.argmin(draws))
             accepted.append(n)
             tokens += n + 1
-        return ReplayResult(tuple(accepted), (k,) * len(accepted), 1, tokens)
+        # one sample whose first token came from the prefill, as a recorded request's
+        return ReplayResult(tuple(accepted), (k,) * len(accepted), 1, tokens + 1)

@@ -11,6 +11,7 @@ from typing import Any
 from sqlalchemy import func, insert, select
 
 from policies.acceptance import AcceptanceEvidence
+from policies.shadow_replay import proposal_share
 from tuner.store.models import ShadowEvidenceRow
 from tuner.store.store import Store
 
@@ -31,6 +32,11 @@ class ShadowResult:
     tokenizer_check: str
     details: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def proposal_share(self) -> float | None:
+        """Share of the replay's decode steps at which the candidate drafted (``policies.shadow_replay``)."""
+        return proposal_share(self.evidence, self.samples, self.output_tokens)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "candidate": self.candidate,
@@ -47,6 +53,7 @@ class ShadowResult:
             "alpha_ci": list(self.alpha_ci) if self.alpha_ci else None,
             "greedy_only": self.greedy_only,
             "tokenizer_check": self.tokenizer_check,
+            "proposal_share": self.proposal_share,
             "details": self.details,
         }
 

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from policies.acceptance import evidence_from_draft_steps
-from policies.shadow_replay import ngram_propose, replay_proposer, steps_from_predictions
+from policies.shadow_replay import ngram_lookup, ngram_propose, replay_proposer, steps_from_predictions
 
 pytestmark = pytest.mark.unit
 
@@ -79,3 +79,44 @@ def test_bad_arguments_are_refused() -> None:
         ngram_propose([1, 2], 0, 2, 3, 10)
     with pytest.raises(ValueError, match="one prediction per output token"):
         steps_from_predictions([1, 2, 3], [1, 2], 2)
+
+
+def test_the_share_of_steps_a_lookup_drafts_at_is_counted_from_the_replays_totals() -> None:
+    rng = np.random.default_rng(11)
+    # a prompt whose 2-grams recur now and then in an output of fresh tokens: the lookup drafts at some steps
+    prompt = [int(x) for x in rng.integers(0, 6, 40)]
+    output = [int(x) for x in rng.integers(0, 9, 200)]
+    drafting = plain = 0
+    p = 1
+    while p < len(output):  # the replay's own walk, counting the steps it drafted nothing at
+        proposal = ngram_propose(prompt + output[:p], 2, 5, 3, 10_000)[: len(output) - p]
+        if not proposal:
+            plain, p = plain + 1, p + 1
+            continue
+        n = 0
+        while n < len(proposal) and proposal[n] == output[p + n]:
+            n += 1
+        drafting, p = drafting + 1, p + n + 1
+    result = replay_proposer(prompt, output, lambda ctx: ngram_propose(ctx, 2, 5, 3, 10_000))
+    assert plain > 0 and drafting > 0
+    assert result.proposal_share == pytest.approx(drafting / (drafting + plain), abs=1e-9)
+    # a draft model drafts at every step (its last step may run past the record: still 1, not more)
+    predicted = [int(x) for x in rng.integers(0, 9, 200)]
+    assert steps_from_predictions(output, predicted, 3).proposal_share == 1.0
+    assert steps_from_predictions(output, output, 5).proposal_share == 1.0
+
+
+def test_a_lookup_without_its_bounds_is_replayed_as_vllm_resolves_them() -> None:
+    assert ngram_lookup({}) == (5, 5)  # vLLM's default when neither is given
+    assert ngram_lookup({"prompt_lookup_max": 4}) == (4, 4)
+    assert ngram_lookup({"prompt_lookup_min": 2}) == (2, 2)
+    assert ngram_lookup({"prompt_lookup_min": 2, "prompt_lookup_max": 5, "other": "x"}) == (2, 5)
+    for bad, match in (({"prompt_lookup_min": 3, "prompt_lookup_max": 2}, "must be ≤"),
+                       ({"prompt_lookup_max": 0}, "≥ 1"), ({"prompt_lookup_min": "2"}, "integer")):
+        with pytest.raises(ValueError, match=match):
+            ngram_lookup(bad)
+    vllm_config = pytest.importorskip("vllm.config")
+    bounds: list[dict[str, int]] = [{}, {"prompt_lookup_max": 4}, {"prompt_lookup_min": 2}]
+    for keys in [*bounds, {"prompt_lookup_min": 2, "prompt_lookup_max": 5}]:
+        spec = vllm_config.SpeculativeConfig(method="ngram", num_speculative_tokens=3, **keys)
+        assert ngram_lookup(keys) == (spec.prompt_lookup_min, spec.prompt_lookup_max)

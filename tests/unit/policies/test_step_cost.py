@@ -348,3 +348,27 @@ def test_measured_loaded_k0_cells_set_the_level_of_plain_decoding() -> None:
     # an engine whose K = 0 steps are plain (ngram): its K = 0 cells are plain decoding itself
     ngram = with_measured_cells(LAB, [1], [0], [0.0058], [100], min_steps=50)
     assert ngram.plain_step_time_s(1) == pytest.approx(0.0058)
+
+
+def test_a_lookup_drafts_in_one_pass_and_verifies_only_the_share_of_steps_it_drafted_at() -> None:
+    model = StepCostModel(fixed_s=0.04, per_token_s=0.0025, draft_fixed_s=0.002, draft_per_seq_s=0.0001)
+    lookup = replace(model, proposal_share=0.4, lookup_proposer=True)
+    for batch, k in ((1, 3), (64, 1), (16, 5)):
+        # the target scores B·(1 + share·K) tokens; one lookup a step drafts all K tokens
+        want = 0.04 + 0.0025 * batch * (1 + 0.4 * k) + (0.002 + 0.0001 * batch)
+        assert lookup.step_time_s(batch, k) == pytest.approx(want)
+        # a draft model: K passes, every sequence verifies K + 1 tokens
+        assert model.step_time_s(batch, k) == pytest.approx(
+            0.04 + 0.0025 * batch * (k + 1) + k * (0.002 + 0.0001 * batch)
+        )
+    assert lookup.step_time_s(8, 0) == lookup.plain_step_time_s(8) == model.plain_step_time_s(8)
+    assert [lookup.draft_passes(k) for k in (0, 1, 5)] == [0, 1, 1]
+    assert StepCostModel.from_dict(lookup.to_dict()) == lookup
+    cov = ((1e-8, 0.0, 0.0, 0.0), (0.0, 1e-10, 0.0, 0.0), (0.0, 0.0, 1e-8, 0.0), (0.0, 0.0, 0.0, 1e-10))
+    lo, hi = replace(lookup, covariance=cov).step_time_interval_s(16, 5)
+    assert lo < lookup.step_time_s(16, 5) < hi
+    # a draft model's dict is as it always was
+    assert "proposal_share" not in model.to_dict() and "lookup_proposer" not in model.to_dict()
+    for bad in (0.0, 1.5, float("nan")):
+        with pytest.raises(ValueError, match="proposal_share"):
+            replace(model, proposal_share=bad)

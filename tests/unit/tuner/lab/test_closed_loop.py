@@ -44,3 +44,20 @@ def test_an_uncalibrated_draft_takes_the_labs_model_ratio(fake_models: Path, tmp
     got = _candidates(fake_models, tmp_path, LoopSettings(start_draft="good", candidates=("good", "ngram")))
     assert got == {"good": default, "ngram": default}
     assert 0 < default != 0.21
+
+
+def test_the_labs_ngram_is_registered_with_the_lookup_the_lab_serves(fake_models: Path, tmp_path: Path) -> None:
+    # without its keys a swap to it would run vLLM's default 5-grams and its replay would differ from both
+    from tuner.lab.serve import NGRAM_LOOKUP, speculative_config
+
+    server = LabServer(draft="none", k=0, models_dir=fake_models, workdir=tmp_path / "engine")
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    upgrade(url)
+    text = lab_daemon_config(server, url, LoopSettings(start_draft="ngram", candidates=("good", "ngram")))
+    config = parse_config(tomllib.loads(text), base_dir=tmp_path)
+    with Store(url) as store:
+        ngram = {c.name: c for c in draft_candidates(config, store)}["ngram"]
+    served = speculative_config(load_manifest(fake_models), "ngram", 3)
+    assert served is not None
+    assert dict(ngram.speculative_config) == NGRAM_LOOKUP == {k: served[k] for k in NGRAM_LOOKUP}
+    assert config.speculative.extra == NGRAM_LOOKUP  # started on it: the same lookup

@@ -104,6 +104,34 @@ def test_a_tables_k0_runs_the_draft_models_pass_but_not_ngrams() -> None:
     assert engine.step_time_s(OFF, b)[0] == pytest.approx(target)
 
 
+def test_a_lookup_drafts_in_one_pass_and_only_at_its_share_of_the_steps() -> None:
+    """A prompt lookup matches once a step for all K tokens (one pass, not K) and drafts only at a share of
+    the steps; the others verify one token alone: E = 1 + share·(E(α, K) − 1), the target scores
+    B·(1 + share·K) tokens, and the counters count drafts only where it drafted (as vLLM's do), while every
+    step's token is generated. Its shadow replay drafts at the same share."""
+    from datetime import UTC, datetime
+
+    from tuner.sim.scenario import ShadowSection
+    from tuner.sim.shadow import ShadowFeed
+
+    ngram = {"name": "n", "method": "ngram", "alpha": 0.9, "draft_fixed_s": 0.002, "proposal_share": 0.4}
+    engine = engine_of(drafts=[{"name": "d", "cost_ratio": 0.08, "alpha": 0.7}, ngram])
+    cfg, b = SimConfig("n", 5), 8.0
+    e = 1 + 0.4 * (expected_tokens_per_step(0.9, 5) - 1)
+    assert float(engine.expected_tokens(cfg, 0.0)) == pytest.approx(e)
+    step_s = 0.025 + 0.0001 * b * (1 + 0.4 * 5) + 0.002  # one lookup pass at K = 5
+    assert engine.step_time_s(cfg, np.array([b]))[0] == pytest.approx(step_s)
+    assert float(engine.expected_goodput(cfg, 0.0)) == pytest.approx(b * e / step_s)
+    total = draw(engine, cfg)
+    seq_steps = 2000.0 * b / step_s
+    assert total.drafts == pytest.approx(0.4 * seq_steps, rel=0.02)
+    assert total.generated_tokens == pytest.approx(seq_steps + total.accepted_tokens, rel=1e-3)
+    assert total.generated_tokens / 2000.0 == pytest.approx(b * e / step_s, rel=0.01)
+    feed = ShadowFeed(engine.scenario, ShadowSection(tokens_per_run=20_000), engine, np.random.default_rng(1))
+    shares = {r.candidate: r.proposal_share for r in feed._evaluate(datetime(2026, 1, 1, tzinfo=UTC), 0.0)}
+    assert shares["d"] == 1.0 and shares["n"] == pytest.approx(0.4, abs=0.02)
+
+
 def test_free_tokens_flatten_the_target_pass_until_the_batch_fills_it() -> None:
     engine = engine_of(
         engine={"target_step_s": 0.04, "per_token_s": 0.003, "free_tokens": 8, "step_time_cv": 0.0},
@@ -214,6 +242,7 @@ def base() -> dict[str, Any]:
         (lambda d: d["drafts"].append({"name": "ng", "method": "ngram", "alpha": 0.3, "weights_bytes": 1e9}),
          "loads no model"),
         (lambda d: d["engine"].update(failing_configs=[{"k": [9]}]), "above controller.k_max"),
+        (lambda d: d["drafts"][0].update(proposal_share=0.5), "proposal_share applies to ngram or suffix"),
         (lambda d: d["controller"].update(daemon={"policy": {"evidence_windw_s": 10}}), "evidence_windw_s"),
     ],
 )  # fmt: skip
