@@ -258,12 +258,12 @@ class SimEngine:
         model = self.target_cost if cfg.off else self.cost[str(cfg.draft)]
         b = np.asarray(batch, dtype=float)
         k = cfg.k_at(b)
-        # T(B, K) = fixed + per_token·max(B·(K+1) − free, 0) + D·(draft_fixed + draft_per_seq·B), as
-        # StepCostModel when free = 0: D = K draft passes, or 1 for a table's K = 0 with a draft model (vLLM
-        # keeps the draft's KV cache in sync), or one pass at any K ≥ 1 for a lookup
+        # T(B, K) = fixed + per_token·max(B·(1 + s·K) − free, 0) + D·(draft_fixed + draft_per_seq·B), as
+        # StepCostModel when free = 0: s the proposal share (1 but for a lookup); D = K draft passes, or 1 for
+        # a table's K = 0 with a draft model (vLLM keeps the draft's KV cache in sync), or one pass at any
+        # K ≥ 1 for a lookup (ngram, suffix: StepCostModel.lookup_proposer)
         method = None if cfg.off else self.drafts[str(cfg.draft)].method
         loaded = method_drafts_at_k0(method)
-        # a lookup (ngram, suffix) drafts all K tokens in one pass a step (StepCostModel.lookup_proposer)
         passes = np.where(k > 0, 1, 0) if method in FREE_METHODS else np.where((k == 0) & loaded, 1, k)
         return (
             model.fixed_s
