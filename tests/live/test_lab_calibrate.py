@@ -52,6 +52,15 @@ def test_calibrate_measures_every_config_and_stores_it(lab_models: Manifest, tmp
     assert drafts["copy"]["cost_ratio"] == 1.0
     fitted = out["step_cost"]
     assert fitted["model"] is not None or fitted["message"]
+    # the lab's ngram timed too, with the lookup the lab serves: its own pass (in seconds, beyond the
+    # target's) and the share of steps it drafted at, read from the engine's counters
+    assert all(out["throughput"][n]["ngram/K=3"] > 0 for n in ("1", "4"))
+    lookup = drafts["ngram"]["lookup_pass"]
+    assert drafts["ngram"]["mean_acceptance_length_k3"] > 1.0
+    assert 0.0 < lookup["proposal_share"] <= 1.0
+    if fitted["model"] is not None:
+        assert lookup["model"]["draft_fixed_s"] >= 0 and lookup["model"]["draft_per_seq_s"] >= 0
+        assert set(lookup["residual_ms"]) == {"1", "4"}
 
     stored = json.loads((models / MANIFEST).read_text())["calibration"]
     assert stored["throughput"] == out["throughput"]

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.lab.models import MANIFEST, Manifest, ModelInfo, load_manifest
-from tuner.lab.serve import engine_tmp_dir
+from tuner.lab.serve import NGRAM_LOOKUP, engine_tmp_dir
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +52,7 @@ class CalibrationPlan:
     max_tokens: int = 64
     max_model_len: int = 512
     engine_timeout_s: float = 900.0
+    lookup: bool = True  # also time the lab's ngram at K (its own pass, fitted: ``fitted_lookup_pass``)
 
 
 def calibrate(models_dir: Path, plan: CalibrationPlan | None = None, work_dir: Path | None = None) -> dict[str, Any]:
@@ -77,6 +78,15 @@ def calibrate(models_dir: Path, plan: CalibrationPlan | None = None, work_dir: P
     runs: dict[str, dict[str, Any]] = {}
     runs["off"] = _engine(manifest, manifest.target, None, streams, "off", plan, work)
     runs[spec_label] = _engine(manifest, manifest.target, spec, streams, spec_label, plan, work)
+    lookups = [n for n, d in manifest.drafts.items() if d.method == "ngram"] if plan.lookup else []
+    lookup_name = lookups[0] if lookups else None
+    lookup_label = f"{lookup_name}/K={plan.k}" if lookup_name else None
+    if lookup_label is not None:
+        lookup_spec = {"method": "ngram", "num_speculative_tokens": plan.k, **NGRAM_LOOKUP}
+        runs[lookup_label] = _engine(manifest, manifest.target, lookup_spec, streams, lookup_label, plan, work)
+    step_cost = fitted_step_cost(
+        _throughput(runs, streams, spec_label, None), spec_label, plan.k, runs[spec_label]["mean_acceptance_length"]
+    )
     step_ms_target = 1000.0 / runs["off"]["tok_s"]["1"] if "1" in runs["off"]["tok_s"] else None
 
     # decode step time of each distinct draft shape, served alone at 1 stream
@@ -94,16 +104,15 @@ def calibrate(models_dir: Path, plan: CalibrationPlan | None = None, work_dir: P
             entry["params"] = info.params
         else:
             entry["cost_ratio"] = None
-        if name == plan.draft:
-            entry[f"acceptance_rate_k{plan.k}"] = runs[spec_label]["acceptance_rate"]
-            entry[f"mean_acceptance_length_k{plan.k}"] = runs[spec_label]["mean_acceptance_length"]
+        timed = spec_label if name == plan.draft else lookup_label if name == lookup_name else None
+        if timed is not None:
+            entry[f"acceptance_rate_k{plan.k}"] = runs[timed]["acceptance_rate"]
+            entry[f"mean_acceptance_length_k{plan.k}"] = runs[timed]["mean_acceptance_length"]
+        if timed is not None and timed == lookup_label:
+            entry["lookup_pass"] = fitted_lookup_pass(runs[timed].get("rows") or {}, step_cost.get("model"))
         drafts[name] = entry
 
-    throughput: dict[str, dict[str, float | None]] = {}
-    for n in streams:
-        off = runs["off"]["tok_s"][str(n)]
-        sp = runs[spec_label]["tok_s"][str(n)]
-        throughput[str(n)] = {"off": off, spec_label: sp, "speculation_gain": round(sp / off, 3) if off else None}
+    throughput = _throughput(runs, streams, spec_label, lookup_label)
     result: dict[str, Any] = {
         "models_dir": str(models_dir),
         "recipe": manifest.recipe.get("name", "tiny"),
@@ -114,15 +123,29 @@ def calibrate(models_dir: Path, plan: CalibrationPlan | None = None, work_dir: P
         "drafts": drafts,
         "throughput": throughput,
         "crossover_streams": crossover(throughput, spec_label),
-        "step_cost": fitted_step_cost(
-            throughput, spec_label, plan.k, runs[spec_label]["mean_acceptance_length"]
-        ),
+        "step_cost": step_cost,
         "engine_startup_s": {label: r["startup_s"] for label, r in runs.items()},
     }
     _store(models_dir, result)
     if own_dir:
         shutil.rmtree(work, ignore_errors=True)
     return result
+
+
+def _throughput(
+    runs: dict[str, dict[str, Any]], streams: tuple[int, ...], spec_label: str, lookup_label: str | None
+) -> dict[str, dict[str, float | None]]:
+    """Tokens/s per stream count: no speculation, ``spec_label`` (and its gain), the lookup when timed."""
+    throughput: dict[str, dict[str, float | None]] = {}
+    for n in streams:
+        off = runs["off"]["tok_s"][str(n)]
+        sp = runs[spec_label]["tok_s"][str(n)]
+        gain = round(sp / off, 3) if off else None
+        row: dict[str, float | None] = {"off": off, spec_label: sp, "speculation_gain": gain}
+        if lookup_label is not None:
+            row[lookup_label] = runs[lookup_label]["tok_s"][str(n)]
+        throughput[str(n)] = row
+    return throughput
 
 
 def crossover(throughput: dict[str, dict[str, float | None]], spec_label: str) -> list[int] | None:
@@ -168,6 +191,62 @@ def fitted_step_cost(
         "reason": str(fit.reason),
         "message": fit.message,
     }
+
+
+def fitted_lookup_pass(rows: dict[str, dict[str, float]], target: dict[str, float] | None) -> dict[str, Any]:
+    """A prompt lookup's own pass, draft_fixed_s + draft_per_seq_s·B, fitted to its timed rows over
+    ``target`` — the fixed_s / per_token_s of the step cost the controller is given (``fitted_step_cost``),
+    so that the controller's own T(B, K) for the lookup reproduces the step times measured here.
+
+    Why measure it: vLLM's n-gram proposer runs on the host, beside the forward passes; on a GPU it is
+    ~free, on this CPU engine it shares the cores and is not (docs/lab.md). A row at n streams runs batch n
+    and makes ``tokens`` in ``tokens − accepted`` sequence steps, so a step lasts seconds·n / (tokens −
+    accepted) and the target scores n·(1 + draft tokens / sequence steps) tokens in it; what remains of
+    the step is the lookup's. Also returned: the share of sequence steps it drafted at
+    (``StepCostModel.proposal_share``), from the engine's own counters.
+    """
+    if not target:
+        return {"model": None, "message": "no target step cost was fitted, so the lookup's pass is not separated"}
+    points: list[tuple[float, float]] = []
+    shares: dict[str, float] = {}
+    drafts = seq_steps_total = 0.0
+    for n, r in rows.items():
+        b = float(n)
+        seq_steps = r["tokens"] - r["num_accepted_tokens"]
+        if seq_steps <= 0 or r["seconds"] <= 0:
+            continue
+        step_s = r["seconds"] * b / seq_steps
+        scored = b * (1.0 + r["num_draft_tokens"] / seq_steps)
+        points.append((b, step_s - target["fixed_s"] - target["per_token_s"] * scored))
+        shares[str(int(b))] = round(r["num_drafts"] / seq_steps, 4)
+        drafts += r["num_drafts"]
+        seq_steps_total += seq_steps
+    if not points or drafts <= 0:
+        return {"model": None, "message": "the lookup drafted nothing in the timed runs"}
+    fixed, per_seq = _nonnegative_line(points)
+    return {
+        "model": {"draft_fixed_s": round(fixed, 7), "draft_per_seq_s": round(per_seq, 7)},
+        "proposal_share": round(drafts / seq_steps_total, 4),
+        "proposal_share_by_streams": shares,
+        "residual_ms": {str(int(b)): round(1000 * r, 2) for b, r in points},
+        "message": f"{1000 * fixed:.2f} ms + {1000 * per_seq:.3f} ms per sequence a step beyond the target's pass",
+    }
+
+
+def _nonnegative_line(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """Least squares y = a + b·x with a, b ≥ 0 (a cost cannot be negative; noise can make it look so)."""
+    n = len(points)
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    b = sum((x - mx) * (y - my) for x, y in points) / sxx if sxx > 0 else 0.0
+    a = my - b * mx
+    if b < 0:
+        return max(my, 0.0), 0.0
+    if a < 0:
+        sx2 = sum(x * x for x, _ in points)
+        return 0.0, max(sum(x * y for x, y in points) / sx2, 0.0) if sx2 > 0 else 0.0
+    return a, b
 
 
 def _shape(info: ModelInfo) -> tuple[int, ...]:

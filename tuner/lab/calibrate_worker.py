@@ -45,12 +45,23 @@ def run(args: dict[str, Any]) -> dict[str, Any]:
     llm.generate(mix[:2], sampling, use_tqdm=False)  # first-call allocations are not a step cost
     before = _spec_counters(llm)
     tok_s: dict[str, float] = {}
+    # per stream count: wall seconds, tokens made and the engine's speculation counters over that run,
+    # from which a lookup's own pass is fitted (``tuner.lab.calibrate.fitted_lookup_pass``)
+    rows: dict[str, dict[str, float]] = {}
     for n in streams:
+        at_start = _spec_counters(llm)
         t = time.perf_counter()
         outs = llm.generate(mix[:n], sampling, use_tqdm=False)
         took = time.perf_counter() - t
         tokens = sum(len(o.outputs[0].token_ids) for o in outs)
         tok_s[str(n)] = round(tokens / took, 2)
+        at_end = _spec_counters(llm)
+        rows[str(n)] = {
+            "seconds": round(took, 4),
+            "tokens": float(tokens),
+            **{k: at_end.get(k, 0.0) - at_start.get(k, 0.0)
+               for k in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")},
+        }
         print(f"{args['label']}: {n} streams {tok_s[str(n)]} tok/s", file=sys.stderr, flush=True)
     after = _spec_counters(llm)
     spent = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
@@ -61,6 +72,7 @@ def run(args: dict[str, Any]) -> dict[str, Any]:
         "label": args["label"],
         "startup_s": round(startup_s, 1),
         "tok_s": tok_s,
+        "rows": rows,
         "acceptance_rate": round(accepted / draft_tokens, 4) if draft_tokens else None,
         "mean_acceptance_length": round(1 + accepted / drafts, 3) if drafts else None,
     }

@@ -42,6 +42,11 @@ GPU_LIKE_STEP_COST: dict[str, float] = {
     "draft_fixed_s": 0.0104743,
     "draft_per_seq_s": 0.0006447,
 }
+# The gpu-like lab's ngram (2-5-gram lookup) pass beyond the target's, fitted by `spectuner lab calibrate`
+# on the 2-core machine, 6 Dec 2026 (ngram/K = 3 at 1-64 streams): no cost the linear target model can
+# separate — the steps' residuals scatter -36..+15 ms around it (docs/lab.md), so ~free, as on a GPU.
+GPU_LIKE_LOOKUP_PASS: dict[str, float] = {"draft_fixed_s": 0.0, "draft_per_seq_s": 0.0}
+_PASS_KEYS = ("draft_fixed_s", "draft_per_seq_s")
 PRIOR_ALPHA = {"good": 0.9, "medium": 0.7, "weak": 0.3, "copy": 0.95, "random": 0.05}
 
 
@@ -97,13 +102,30 @@ def lab_cost_model(manifest: Manifest) -> tuple[dict[str, float], float]:
 
 def lab_draft_cost_ratio(manifest: Manifest, name: str, default: float) -> float:
     """The cost ratio a lab draft is registered with: its own calibrated figure when `spectuner lab
-    calibrate` stored one, else ``default`` (the lab's model-draft ratio). ngram gets ``default`` too: on
-    the CPU engine its proposer shares the two cores with the forward passes and is not free (live,
-    ngram/K = 5 at one stream ran ~105 ms a step against the target's ~43 ms), so the free default
-    that suits a GPU engine would rank it far too high at low load."""
+    calibrate` stored one, else ``default`` (the lab's model-draft ratio). ngram gets ``default`` too, for
+    the step-cost fits that split a step between target and draft; where its pass is known in seconds
+    (``lab_lookup_pass``) predictions use that. Not the free default that suits a GPU engine: on the CPU
+    engine its proposer shares the two cores with the forward passes."""
     measured = ((manifest.calibration or {}).get("drafts") or {}).get(name) or {}
     ratio = measured.get("cost_ratio")
     return float(ratio) if isinstance(ratio, int | float) and ratio > 0 else default
+
+
+def lab_lookup_pass(manifest: Manifest) -> dict[str, float] | None:
+    """The lab's prompt lookup's own pass in seconds (draft_fixed_s, draft_per_seq_s) the ngram candidate
+    is registered with: the one `spectuner lab calibrate` fitted when stored, else the gpu-like recipe's
+    measured figures; None for a tiny lab without calibration (it keeps the model-draft ratio).
+
+    Why seconds, not a ratio: the proposer runs on the host and costs the same at any batch, where a
+    ratio of the target's pass grows with the batch — priced by ratio, the 64-stream ngram step read ~5×
+    its measured cost, and the controller ranked ngram below no speculation where it was the best config."""
+    stored = ((((manifest.calibration or {}).get("drafts") or {}).get("ngram") or {}).get("lookup_pass") or {})
+    model = stored.get("model")
+    if isinstance(model, Mapping) and all(isinstance(model.get(k), int | float) for k in _PASS_KEYS):
+        return {k: float(model[k]) for k in _PASS_KEYS}
+    if manifest.recipe.get("name") == "gpu-like":
+        return dict(GPU_LIKE_LOOKUP_PASS)
+    return None
 
 
 def _toml_value(value: Any) -> str:
@@ -211,7 +233,8 @@ def lab_daemon_config(
                 {"name": name, "method": info.method, "model": info.path if info.method != "ngram" else None,
                  "extra": dict(NGRAM_LOOKUP) if info.method == "ngram" else None,
                  "prior_alpha": PRIOR_ALPHA.get(name, 0.5),
-                 "cost_ratio": lab_draft_cost_ratio(manifest, name, cost_ratio)},
+                 "cost_ratio": lab_draft_cost_ratio(manifest, name, cost_ratio),
+                 **((lab_lookup_pass(manifest) or {}) if info.method == "ngram" else {})},
                 array=True,
             )
         )
@@ -227,5 +250,5 @@ def lab_daemon_config(
     return "\n".join(parts)
 
 
-__all__ = ["GPU_LIKE_STEP_COST", "LAB_DRAFT_COST_RATIO", "LAB_STEP_COST", "LoopSettings", "lab_cost_model",
-           "lab_daemon_config", "lab_draft_cost_ratio"]
+__all__ = ["GPU_LIKE_LOOKUP_PASS", "GPU_LIKE_STEP_COST", "LAB_DRAFT_COST_RATIO", "LAB_STEP_COST", "LoopSettings",
+           "lab_cost_model", "lab_daemon_config", "lab_draft_cost_ratio", "lab_lookup_pass"]

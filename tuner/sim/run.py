@@ -38,6 +38,7 @@ from collectors.records import EngineKey, StepRecord, WindowRecord
 from policies.acceptance import evidence_from_counters
 from policies.change import ChangeDetectorConfig, ChangeDetectorState, update_change_detector
 from policies.counters import SpecCounters
+from policies.memory import FREE_METHODS
 from policies.spec_config import SpecConfig
 from policies.step_cost import StepCostModel
 from tuner.actuators.base import ApplyStatus
@@ -459,6 +460,12 @@ def _candidate(engine: SimEngine, name: str) -> dict[str, Any]:
         "cost_ratio": min(engine.cost[name].cost_ratio(1.0), 9.99),
         "prior_alpha": d.prior_alpha if d.prior_alpha is not None else 0.5,
     }
+    if d.method in FREE_METHODS:
+        # a lookup's pass runs on the host at the same cost whatever the batch: registered in seconds, as
+        # the lab registers its calibrated one (``tuner.lab.closed_loop.lab_lookup_pass``); a ratio of the
+        # target's pass would grow with the batch
+        m = engine.cost[name]
+        entry.update(draft_fixed_s=m.draft_fixed_s, draft_per_seq_s=m.draft_per_seq_s)
     if d.path is not None:
         entry.update(
             model=d.path,

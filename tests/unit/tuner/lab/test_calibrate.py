@@ -8,8 +8,15 @@ from typing import Any
 import pytest
 
 from tests.unit.tuner.lab.conftest import spectuner
-from tuner.lab.calibrate import CalibrationPlan, calibrate, crossover, fitted_step_cost
-from tuner.lab.closed_loop import GPU_LIKE_STEP_COST, LAB_DRAFT_COST_RATIO, LAB_STEP_COST, lab_cost_model
+from tuner.lab.calibrate import CalibrationPlan, calibrate, crossover, fitted_lookup_pass, fitted_step_cost
+from tuner.lab.closed_loop import (
+    GPU_LIKE_LOOKUP_PASS,
+    GPU_LIKE_STEP_COST,
+    LAB_DRAFT_COST_RATIO,
+    LAB_STEP_COST,
+    lab_cost_model,
+    lab_lookup_pass,
+)
 from tuner.lab.models import BUILDER_VERSION, Manifest, ModelInfo
 
 
@@ -93,6 +100,56 @@ def test_no_step_cost_without_a_speculating_row() -> None:
                                                 "64": {"off": 290.0, "good/K=3": None}}
     fitted = fitted_step_cost(rows, "good/K=3", 3, None)
     assert fitted["model"] is None and fitted["message"]
+
+
+def _lookup_rows(
+    target: dict[str, float], fixed_s: float, per_seq_s: float, share: float, k: int, accepted_per_draft: float
+) -> dict[str, dict[str, float]]:
+    """What the worker records at each stream count for a lookup whose pass and share are known: n
+    requests of 64 tokens, drafting at ``share`` of their sequence steps, timed with T(B, K) built
+    independently (one pass a step; the target scores the sequence's token plus the drafted ones)."""
+    rows: dict[str, dict[str, float]] = {}
+    for n in (1, 4, 16, 64):
+        tokens = 64.0 * n
+        seq_steps = tokens / (1 + share * accepted_per_draft)  # each drafting step adds its accepted tokens
+        drafts = share * seq_steps
+        batch_steps = seq_steps / n
+        step_s = target["fixed_s"] + target["per_token_s"] * n * (1 + share * k) + fixed_s + per_seq_s * n
+        rows[str(n)] = {"seconds": batch_steps * step_s, "tokens": tokens, "num_drafts": drafts,
+                        "num_draft_tokens": drafts * k, "num_accepted_tokens": drafts * accepted_per_draft}
+    return rows
+
+
+@pytest.mark.parametrize(("fixed_s", "per_seq_s"), [(0.0095, 0.0), (0.004, 0.0002), (0.0, 0.0005)])
+def test_a_lookups_own_pass_and_share_are_recovered_from_its_timed_rows(fixed_s: float, per_seq_s: float) -> None:
+    rows = _lookup_rows(GPU_LIKE_STEP_COST, fixed_s, per_seq_s, share=0.4, k=3, accepted_per_draft=2.2)
+    got = fitted_lookup_pass(rows, GPU_LIKE_STEP_COST)
+    assert got["model"]["draft_fixed_s"] == pytest.approx(fixed_s, abs=2e-6)
+    assert got["model"]["draft_per_seq_s"] == pytest.approx(per_seq_s, abs=2e-7)
+    assert got["proposal_share"] == pytest.approx(0.4, abs=1e-4)
+    assert got["proposal_share_by_streams"] == {n: pytest.approx(0.4, abs=1e-4) for n in ("1", "4", "16", "64")}
+    for n, residual_ms in got["residual_ms"].items():  # what the target's pass leaves of each step
+        assert residual_ms == pytest.approx(1000 * (fixed_s + per_seq_s * int(n)), abs=0.01)
+
+
+def test_a_lookup_pass_is_never_negative_and_is_withheld_without_a_target_or_drafts() -> None:
+    # a lookup measured faster than the target model predicts (noise, or the model's misfit): no negative cost
+    rows = _lookup_rows(GPU_LIKE_STEP_COST, -0.002, 0.0, share=0.4, k=3, accepted_per_draft=2.2)
+    got = fitted_lookup_pass(rows, GPU_LIKE_STEP_COST)
+    assert got["model"] == {"draft_fixed_s": 0.0, "draft_per_seq_s": 0.0}
+    assert fitted_lookup_pass(rows, None)["model"] is None
+    idle = {n: {**r, "num_drafts": 0.0, "num_draft_tokens": 0.0, "num_accepted_tokens": 0.0} for n, r in rows.items()}
+    assert "drafted nothing" in fitted_lookup_pass(idle, GPU_LIKE_STEP_COST)["message"]
+
+
+def test_the_labs_lookup_pass_is_its_own_calibration_else_its_recipes_figures() -> None:
+    assert lab_lookup_pass(_manifest("tiny")) is None  # priced by the lab's ratio, as before
+    assert lab_lookup_pass(_manifest("gpu-like")) == GPU_LIKE_LOOKUP_PASS
+    own = {"draft_fixed_s": 0.007, "draft_per_seq_s": 0.0001}
+    calibrated = {"drafts": {"ngram": {"lookup_pass": {"model": own}}}}
+    assert lab_lookup_pass(_manifest("tiny", calibrated)) == own
+    assert lab_lookup_pass(_manifest("gpu-like", {"drafts": {"ngram": {"lookup_pass": {"model": None}}}})) \
+        == GPU_LIKE_LOOKUP_PASS
 
 
 def _manifest(recipe: str, calibration: dict[str, Any] | None = None) -> Manifest:

@@ -6,6 +6,8 @@ import json
 import tomllib
 from pathlib import Path
 
+import pytest
+
 from tuner.config import parse_config
 from tuner.lab.closed_loop import LoopSettings, lab_cost_model, lab_daemon_config
 from tuner.lab.models import load_manifest
@@ -61,3 +63,27 @@ def test_the_labs_ngram_is_registered_with_the_lookup_the_lab_serves(fake_models
     assert served is not None
     assert dict(ngram.speculative_config) == NGRAM_LOOKUP == {k: served[k] for k in NGRAM_LOOKUP}
     assert config.speculative.extra == NGRAM_LOOKUP  # started on it: the same lookup
+
+
+def test_the_labs_ngram_is_registered_with_its_measured_pass_in_seconds(fake_models: Path, tmp_path: Path) -> None:
+    # a host-side proposer costs the same at any batch: priced by a ratio of the target's pass it read ~5x
+    # its measured cost at 64 streams, so the controller ranked ngram below no speculation there
+    from policies.step_cost import StepCostModel
+
+    own = {"draft_fixed_s": 0.0081, "draft_per_seq_s": 0.00002}
+    _calibrated(fake_models, {"ngram": {"cost_ratio": None, "lookup_pass": {"model": own}}})
+    server = LabServer(draft="none", k=0, models_dir=fake_models, workdir=tmp_path / "engine")
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    upgrade(url)
+    text = lab_daemon_config(server, url, LoopSettings(start_draft="good", candidates=("good", "ngram")))
+    config = parse_config(tomllib.loads(text), base_dir=tmp_path)
+    with Store(url) as store:
+        by_name = {c.name: c for c in draft_candidates(config, store)}
+    ngram, good = by_name["ngram"], by_name["good"]
+    assert (ngram.draft_fixed_s, ngram.draft_per_seq_s) == (own["draft_fixed_s"], own["draft_per_seq_s"])
+    assert not good.pass_measured  # a model draft keeps its ratio
+    target = StepCostModel(fixed_s=0.04, per_token_s=0.0027, draft_fixed_s=0.0, draft_per_seq_s=0.0)
+    priced = ngram.beside(target, None)
+    assert priced is not None
+    drafting = priced.step_time_s(64, 3) - target.with_draft_ratio(0.0).step_time_s(64, 3)
+    assert drafting == pytest.approx(own["draft_fixed_s"] + 64 * own["draft_per_seq_s"], rel=1e-6)
