@@ -454,7 +454,7 @@ def _score(
         # the K policy would move it to once it runs — else a second restart follows the swap.
         linear = best_k(batch, model)
         if own is None:
-            return linear
+            return _half_way(linear, snapshot.current_k) if target.per_token_assumed else linear
         k_own = best_k(batch, own).k
         at = next((o for o in linear.by_k if o.k == k_own), None)
         if at is None or k_own == linear.k:
@@ -485,6 +485,31 @@ def _score(
         (lo * scale, hi * scale),
         f"{name}: α ≈ {alpha:.2f} ({source}){drafts_at}{capped}; {decision.message}",
         proposal_share=share,
+    )
+
+
+def _half_way(decision: KDecision, current_k: int) -> KDecision:
+    """``decision`` with K at most half-way up from the running K (at least one step) to the K it predicts
+    best, as the K policy moves under a step-cost model fitted from steps at one K and one batch size
+    (``StepCostModel.per_token_assumed``: verification's per-token cost is 0 by assumption, which overrates
+    larger K; ``policies.choose_k.choose_k_over_load``). A swap planned there takes the same step: the
+    candidate's steps then measure the cost, and the K policy goes on from them (gpu_code_rag: ngram swapped
+    in at K = 8 on free verification, its best K 5)."""
+    if decision.k <= current_k:
+        return decision
+    cap = current_k + max(1, math.ceil((decision.k - current_k) / 2))
+    allowed = [o for o in decision.by_k if 0 < o.k <= cap and o.fits_memory]
+    pick = max(allowed, key=lambda o: (o.speedup, -o.k), default=None)
+    if pick is None or pick.k == decision.k:
+        return decision
+    note = (
+        f"{decision.message} Proposed at K = {pick.k} ({pick.speedup:.2f}×), half-way up from the running K = "
+        f"{current_k}: K = {decision.k} is best only with verification taken as free (the steps so far ran one K "
+        "at one batch size); its steps measure it."
+    )
+    return replace(
+        decision, k=pick.k, speedup=pick.speedup, speedup_ci=pick.speedup_ci,
+        expected_tokens_per_step=pick.expected_tokens_per_step, message=note,
     )
 
 

@@ -22,6 +22,7 @@ from policies.acceptance_model import (
     ModelChoice,
     choose_acceptance_model,
     is_head_method,
+    sparse,
 )
 from policies.choose_k import KChoiceSnapshot, choose_k, choose_k_over_load, failed_k_ceiling
 from policies.draft_choice import (
@@ -671,15 +672,25 @@ def _swap_pending(
 
 def _table_inputs(
     candidate: DraftCandidate, ctx: DecisionContext, settings: PolicySettings, ranking: tuple[CandidateScore, ...]
-) -> tuple[ConstantAlphaModel, StepCostModel]:
-    """α (from the candidate's ranking entry) and T(B, K) a per-batch-size table for a candidate about to be
-    swapped in or turned on is chosen with: the running draft's cells are not its, and its K = 0 steps run
-    its own draft pass."""
+) -> tuple[AcceptanceModel, StepCostModel]:
+    """α (from the candidate's ranking entry, at its proposal share) and T(B, K) a per-batch-size table for a
+    candidate about to be swapped in or turned on is chosen with: the target's linear model with the
+    candidate's own pass beside it, as the ranking priced it (``DraftCandidate.beside``) — not the running
+    draft's pass nor its cells — and its K = 0 steps run its own draft pass.
+
+    Why the candidate's pass: the table is what the swap applies. Built on the running draft's (6 Dec live
+    run: ngram ranked at K = 5 for 4 streams, but its table, priced as K passes of the good draft's 14 ms + 0.5
+    ms a sequence and drafting at every step, put K = 2 there and K = 0 from 22 streams: 76 tok/s where
+    ngram/K = 5 made 106)."""
     score = next((r for r in ranking if r.name == candidate.name), None)
-    alpha = score.alpha if score is not None else candidate.prior_alpha
-    lo, hi = score.alpha_ci if score is not None else (alpha, alpha)
-    step_cost = step_cost_model(ctx, settings).linear().with_draft_pass_at_k0(method_drafts_at_k0(candidate.method))
-    return ConstantAlphaModel(alpha, min(lo, alpha), max(hi, alpha)), step_cost
+    if score is not None:
+        alpha: AcceptanceModel = score.alpha_model()
+    else:
+        prior = candidate.prior_alpha
+        alpha = sparse(ConstantAlphaModel(prior, prior, prior), candidate.proposal_share)
+    linear = step_cost_model(ctx, settings).linear()
+    priced = candidate.beside(linear, settings.policy.target_params) or linear
+    return alpha, priced.with_draft_pass_at_k0(method_drafts_at_k0(candidate.method))
 
 
 def _table_for(

@@ -422,3 +422,40 @@ def test_a_swap_under_a_table_is_judged_against_the_k_the_table_drafts_at_that_l
     assert under_table.reason is PolicyReason.SWAP_DRAFT, under_table.message
     assert under_table.predicted_gain is not None and under_plain.predicted_gain is not None
     assert under_table.predicted_gain == pytest.approx(under_plain.predicted_gain, rel=1e-6)
+
+
+def test_a_swap_to_a_lookup_applies_a_table_priced_with_the_lookups_own_pass_and_share() -> None:
+    """The table a swap applies is the candidate's: T(B, K) with its own pass beside the target (ngram: one
+    host pass a step, ~free here) and its α at the share of steps it drafts at — not the running draft's K
+    passes of 10.5 ms + 0.64 ms a sequence with drafting at every step (6 Dec live run: ngram ranked at K = 5
+    for 4 streams was applied with K = 2 there and K = 0 from 22 streams; ngram/K = 5 made 106 tok/s, the
+    table 76)."""
+    from policies.acceptance_model import ConstantAlphaModel, sparse
+    from policies.k_table import KTableSnapshot, k_table
+
+    lab = StepCostModel(fixed_s=0.04, per_token_s=0.0027, draft_fixed_s=0.0105, draft_per_seq_s=0.00064)
+    settings = PolicySettings(
+        PolicySection(k_max=5, step_cost=pinned(lab), per_batch_size=True, max_batch_size=64), swap=SWAP
+    )
+    ngram = DraftCandidate("ngram", "ngram", prior_alpha=0.5, cost_ratio=0.26, draft_fixed_s=0.0,
+                           draft_per_seq_s=0.0, proposal_share=0.45)  # fmt: skip
+    history = {"ngram": AcceptanceEvidence(successes=8500.0, failures=1500.0, drafts=3500.0)}
+    ctx = evidence(WEAK_SPEC, 0.25, batch=4.0, candidates=(WEAK, ngram), history=history)
+    out = propose(ctx, settings)
+    assert out.reason is PolicyReason.FALLBACK_NGRAM and out.target is not None and out.target.method == "ngram"
+    rows = [tuple(r) for r in out.target.to_vllm()["num_speculative_tokens_per_batch_size"]]
+
+    ranked = next(r for r in (out.details or {})["ranking"] if r["name"] == "ngram")
+    a, (lo, hi) = ranked["alpha"], ranked["alpha_ci"]
+
+    def table(model: StepCostModel, share: float) -> list[tuple[int, int, int]]:
+        snap = KTableSnapshot(now=ctx.now, acceptance=sparse(ConstantAlphaModel(a, min(lo, a), max(hi, a)), share),
+                              step_cost=model, max_batch_size=64, k_max=5, confidence=0.95)  # fmt: skip
+        return [tuple(r) for r in k_table(snap).rows]
+
+    own = StepCostModel(fixed_s=0.04, per_token_s=0.0027, draft_fixed_s=0.0, draft_per_seq_s=0.0,
+                        proposal_share=0.45, lookup_proposer=True)  # fmt: skip
+    assert rows == table(own, 0.45)
+    k_at_4 = next(k for b0, b1, k in rows if b0 <= 4 <= b1)
+    assert k_at_4 >= 4 and rows[-1][2] >= 1  # it drafts deep at 4 streams and still drafts at 64
+    assert rows != table(lab, 1.0)  # what the running draft's pricing gave

@@ -401,3 +401,21 @@ def test_a_lookup_is_ranked_on_the_steps_it_drafts_at_not_as_if_it_drafted_at_ev
     assert ngram.speedup == pytest.approx(1 + 0.3 * (full.speedup - 1), rel=1e-6)
     with pytest.raises(ValueError, match="proposal share"):
         replace(NGRAM, proposal_share=0.0)
+
+
+def test_a_swap_planned_on_free_verification_goes_half_way_up_from_the_running_k() -> None:
+    """Fitted from steps at one K and one batch size, the step-cost model takes verification's per-token
+    cost as 0 (``per_token_assumed``), which overrates larger K; a swap then moves K at most half-way up from
+    the running K (at least one step), as the K policy does — the candidate's steps measure the cost."""
+    free = StepCostModel.from_cost_ratio(0.05, 0.02)  # no per-token cost: E grows with K, the step does not
+    measured_free = choose_draft(snapshot(windows([0.2] * 10), step_cost=free))
+    assert measured_free.candidate is BIG and measured_free.k == 8  # verification known to be ~free: K_max
+    assumed = replace(free, per_token_assumed=True)
+    for running_k, expect in ((3, 6), (2, 5), (7, 8)):  # running K + ceil((8 - K) / 2)
+        decision = choose_draft(snapshot(windows([0.2] * 10), step_cost=assumed, current_k=running_k))
+        big = next(s for s in decision.ranking if s.name == "big")
+        assert decision.candidate is BIG and decision.k == big.k == expect, running_k
+        if expect < 8:
+            assert f"half-way up from the running K = {running_k}" in big.message
+            full = next(s for s in measured_free.ranking if s.name == "big")
+            assert big.speedup < full.speedup  # its speedup is the one at the K it is proposed at
