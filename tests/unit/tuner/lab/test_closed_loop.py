@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tuner.config import parse_config
+from policies.draft_choice import DraftCandidate
+from tuner.config import SpectunerConfig, parse_config
 from tuner.lab.closed_loop import LoopSettings, lab_cost_model, lab_daemon_config
 from tuner.lab.models import load_manifest
 from tuner.lab.serve import LabServer
@@ -24,13 +25,21 @@ def _calibrated(models: Path, drafts: dict[str, dict[str, object]]) -> None:
     path.write_text(json.dumps(data))
 
 
-def _candidates(models: Path, tmp_path: Path, settings: LoopSettings) -> dict[str, float | None]:
+def _registered(
+    models: Path, tmp_path: Path, settings: LoopSettings
+) -> tuple[SpectunerConfig, dict[str, DraftCandidate]]:
+    """The daemon config the lab writes for ``settings``, parsed, and its draft candidates by name."""
     server = LabServer(draft="none", k=0, models_dir=models, workdir=tmp_path / "engine")
     url = f"sqlite:///{tmp_path / 's.db'}"
     upgrade(url)
     config = parse_config(tomllib.loads(lab_daemon_config(server, url, settings)), base_dir=tmp_path)
     with Store(url) as store:
-        return {c.name: c.cost_ratio_for(None) for c in draft_candidates(config, store)}
+        return config, {c.name: c for c in draft_candidates(config, store)}
+
+
+def _candidates(models: Path, tmp_path: Path, settings: LoopSettings) -> dict[str, float | None]:
+    _, by_name = _registered(models, tmp_path, settings)
+    return {name: c.cost_ratio_for(None) for name, c in by_name.items()}
 
 
 def test_a_calibrated_draft_is_registered_with_its_own_cost(fake_models: Path, tmp_path: Path) -> None:
@@ -52,13 +61,9 @@ def test_the_labs_ngram_is_registered_with_the_lookup_the_lab_serves(fake_models
     # without its keys a swap to it would run vLLM's default 5-grams and its replay would differ from both
     from tuner.lab.serve import NGRAM_LOOKUP, speculative_config
 
-    server = LabServer(draft="none", k=0, models_dir=fake_models, workdir=tmp_path / "engine")
-    url = f"sqlite:///{tmp_path / 's.db'}"
-    upgrade(url)
-    text = lab_daemon_config(server, url, LoopSettings(start_draft="ngram", candidates=("good", "ngram")))
-    config = parse_config(tomllib.loads(text), base_dir=tmp_path)
-    with Store(url) as store:
-        ngram = {c.name: c for c in draft_candidates(config, store)}["ngram"]
+    settings = LoopSettings(start_draft="ngram", candidates=("good", "ngram"))
+    config, by_name = _registered(fake_models, tmp_path, settings)
+    ngram = by_name["ngram"]
     served = speculative_config(load_manifest(fake_models), "ngram", 3)
     assert served is not None
     assert dict(ngram.speculative_config) == NGRAM_LOOKUP == {k: served[k] for k in NGRAM_LOOKUP}
@@ -72,13 +77,7 @@ def test_the_labs_ngram_is_registered_with_its_measured_pass_in_seconds(fake_mod
 
     own = {"draft_fixed_s": 0.0081, "draft_per_seq_s": 0.00002}
     _calibrated(fake_models, {"ngram": {"cost_ratio": None, "lookup_pass": {"model": own}}})
-    server = LabServer(draft="none", k=0, models_dir=fake_models, workdir=tmp_path / "engine")
-    url = f"sqlite:///{tmp_path / 's.db'}"
-    upgrade(url)
-    text = lab_daemon_config(server, url, LoopSettings(start_draft="good", candidates=("good", "ngram")))
-    config = parse_config(tomllib.loads(text), base_dir=tmp_path)
-    with Store(url) as store:
-        by_name = {c.name: c for c in draft_candidates(config, store)}
+    _, by_name = _registered(fake_models, tmp_path, LoopSettings(start_draft="good", candidates=("good", "ngram")))
     ngram, good = by_name["ngram"], by_name["good"]
     assert (ngram.draft_fixed_s, ngram.draft_per_seq_s) == (own["draft_fixed_s"], own["draft_per_seq_s"])
     assert not good.pass_measured  # a model draft keeps its ratio
