@@ -236,18 +236,13 @@ def fitted_lookup_pass(rows: dict[str, dict[str, float]], target: dict[str, floa
 
 def _nonnegative_line(points: list[tuple[float, float]]) -> tuple[float, float]:
     """Least squares y = a + b·x with a, b ≥ 0 (a cost cannot be negative; noise can make it look so)."""
-    n = len(points)
-    mx = sum(x for x, _ in points) / n
-    my = sum(y for _, y in points) / n
-    sxx = sum((x - mx) ** 2 for x, _ in points)
-    b = sum((x - mx) * (y - my) for x, y in points) / sxx if sxx > 0 else 0.0
-    a = my - b * mx
-    if b < 0:
-        return max(my, 0.0), 0.0
-    if a < 0:
-        sx2 = sum(x * x for x, _ in points)
-        return 0.0, max(sum(x * y for x, y in points) / sx2, 0.0) if sx2 > 0 else 0.0
-    return a, b
+    import numpy as np
+    from scipy import optimize
+
+    x = np.array([[1.0, px] for px, _ in points])
+    y = np.array([py for _, py in points])
+    (a, b), _ = optimize.nnls(x, y)
+    return float(a), float(b)
 
 
 def _shape(info: ModelInfo) -> tuple[int, ...]:

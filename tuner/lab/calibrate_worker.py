@@ -43,7 +43,6 @@ def run(args: dict[str, Any]) -> dict[str, Any]:
     mix = [p for pair in zip(predictable_prompts(n=n_max), hard_prompts(n=n_max), strict=True) for p in pair]
     sampling = SamplingParams(temperature=0.0, max_tokens=int(args["max_tokens"]), ignore_eos=True)
     llm.generate(mix[:2], sampling, use_tqdm=False)  # first-call allocations are not a step cost
-    before = _spec_counters(llm)
     tok_s: dict[str, float] = {}
     # per stream count: wall seconds, tokens made and the engine's speculation counters over that run,
     # from which a lookup's own pass is fitted (``tuner.lab.calibrate.fitted_lookup_pass``)
@@ -63,11 +62,9 @@ def run(args: dict[str, Any]) -> dict[str, Any]:
                for k in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")},
         }
         print(f"{args['label']}: {n} streams {tok_s[str(n)]} tok/s", file=sys.stderr, flush=True)
-    after = _spec_counters(llm)
-    spent = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
-    drafts = spent.get("num_drafts", 0.0)
-    draft_tokens = spent.get("num_draft_tokens", 0.0)
-    accepted = spent.get("num_accepted_tokens", 0.0)
+    drafts = sum(r["num_drafts"] for r in rows.values())
+    draft_tokens = sum(r["num_draft_tokens"] for r in rows.values())
+    accepted = sum(r["num_accepted_tokens"] for r in rows.values())
     return {
         "label": args["label"],
         "startup_s": round(startup_s, 1),

@@ -71,8 +71,8 @@ def test_the_labs_ngram_is_registered_with_the_lookup_the_lab_serves(fake_models
 
 
 def test_the_labs_ngram_is_registered_with_its_measured_pass_in_seconds(fake_models: Path, tmp_path: Path) -> None:
-    # a host-side proposer costs the same at any batch: priced by a ratio of the target's pass it read ~5x
-    # its measured cost at 64 streams, so the controller ranked ngram below no speculation there
+    # a host-side proposer costs the same at any batch: priced by a ratio of the target's pass it read
+    # ~55-70 ms of drafting at 64 streams, so the controller ranked ngram below no speculation there
     from policies.step_cost import StepCostModel
 
     own = {"draft_fixed_s": 0.0081, "draft_per_seq_s": 0.00002}
