@@ -77,8 +77,8 @@ def test_stored_windows_add_up_to_the_engine_counters_under_load(lab_engine: Any
         loop = threading.Thread(target=collector.run, args=(stop,))
         loop.start()
         try:
-            # Rounds of load until the loop has stored windows of its own: a fast machine serves one
-            # round of the tiny lab in under a scrape interval (CI once saw a single loop window).
+            # Rounds of load until the loop has stored windows of its own: one round stored a single
+            # loop window on CI's faster machine (likely served in about one scrape interval).
             for _ in range(MAX_LOAD_ROUNDS):
                 loads.append(run_load(
                     lab_engine.base_url, lab_engine.model_name, PREDICTABLE, concurrency=4, count=20, max_tokens=64

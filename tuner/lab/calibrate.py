@@ -199,11 +199,11 @@ def fitted_lookup_pass(rows: dict[str, dict[str, float]], target: dict[str, floa
     so that the controller's own T(B, K) for the lookup reproduces the step times measured here.
 
     Why measure it: vLLM's n-gram proposer runs on the host, beside the forward passes; on a GPU it is
-    ~free, on this CPU engine it shares the cores with them, so its cost is measured, not assumed (6 Dec:
-    ~0 within the target model's misfit, docs/lab.md). A row at n streams runs batch n
-    and makes ``tokens`` in ``tokens − accepted`` sequence steps, so a step lasts seconds·n / (tokens −
-    accepted) and the target scores n·(1 + draft tokens / sequence steps) tokens in it; what remains of
-    the step is the lookup's. Also returned: the share of sequence steps it drafted at
+    ~free, on this CPU engine it shares the cores with them, so its cost is measured, not assumed (two
+    calibrations on 6 Dec: ~0 within the target model's misfit, then 8 ms a step; docs/lab.md).
+    A row at n streams runs batch n and makes ``tokens`` in ``tokens − accepted`` sequence steps, so a
+    step lasts seconds·n / (tokens − accepted) and the target scores n·(1 + draft tokens / sequence steps)
+    tokens in it; what remains of the step is the lookup's. Also returned: the share of sequence steps it drafted at
     (``StepCostModel.proposal_share``), from the engine's own counters.
     """
     if not target:

@@ -118,7 +118,7 @@ def lab_lookup_pass(manifest: Manifest) -> dict[str, float] | None:
 
     Why seconds, not a ratio: the proposer runs on the host and costs the same at any batch, where a
     ratio of the target's pass grows with the batch — priced by ratio, the 64-stream ngram step read ~55-70 ms
-    of drafting where calibration measured ~0, and the controller ranked ngram below no speculation where it
+    of drafting where calibration measured 0–8 ms, and the controller ranked ngram below no speculation where it
     was the best config."""
     stored = ((((manifest.calibration or {}).get("drafts") or {}).get("ngram") or {}).get("lookup_pass") or {})
     model = stored.get("model")
