@@ -323,6 +323,13 @@ def _table_streak_key(target: SpecConfig, rows: tuple[KRow, ...], profile: Seque
     return f"table {target.method} {target.model or ''} K_max={target.k} at {ks}"
 
 
+def _draft_streak_key(target: SpecConfig) -> str:
+    """A draft change's streak key: the draft it runs, whatever K or table comes with it. The table is
+    recomputed every tick and its boundaries move with α's noise: keyed on the whole config, the simulator's
+    lab_phases proposed a swap to good "1 time(s) in a row" four ticks running, a different table each time."""
+    return "off" if not target.speculates else f"draft {target.method} {target.model or ''}"
+
+
 def _drop_draft(
     ctx: DecisionContext,
     settings: PolicySettings,
@@ -462,7 +469,10 @@ def propose_swap(ctx: DecisionContext, settings: PolicySettings) -> PolicyOutcom
     # the two speedups rest on independent evidence (each draft's own α): their intervals combine in
     # quadrature; a K change's gain (one draft, one α) keeps dividing opposite ends
     gain_ci = independent_ratio_interval(new_speedup, new_ci, cur_speedup, cur_ci)
-    return PolicyOutcome(reason, decision.message, target, gain, gain_ci, acceptance_low=low, details=details)
+    return PolicyOutcome(
+        reason, decision.message, target, gain, gain_ci, acceptance_low=low, details=details,
+        streak_key=_draft_streak_key(target),
+    )  # fmt: skip
 
 
 def propose_enable(ctx: DecisionContext, settings: PolicySettings) -> PolicyOutcome:
@@ -526,6 +536,7 @@ def propose_enable(ctx: DecisionContext, settings: PolicySettings) -> PolicyOutc
         gain_ci,
         details=details,
         evidence_drafts=int(trials + vouched),
+        streak_key=_draft_streak_key(spec_for(chosen, k, table)),
     )
 
 

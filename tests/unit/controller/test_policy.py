@@ -459,3 +459,28 @@ def test_a_swap_to_a_lookup_applies_a_table_priced_with_the_lookups_own_pass_and
     k_at_4 = next(k for b0, b1, k in rows if b0 <= 4 <= b1)
     assert k_at_4 >= 4 and rows[-1][2] >= 1  # it drafts deep at 4 streams and still drafts at 64
     assert rows != table(lab, 1.0)  # what the running draft's pricing gave
+
+
+def test_a_swaps_streak_key_is_the_draft_it_runs_whatever_table_comes_with_it() -> None:
+    # The table a swap would apply is recomputed every tick and its boundaries move with α's noise; keyed on
+    # the whole config, a swap proposed tick after tick restarted its streak each time (the simulator's
+    # lab_phases: "proposed 1 time(s) in a row" four ticks running).
+    cost = pinned(StepCostModel(fixed_s=2e-3, per_token_s=1e-3, draft_fixed_s=2e-4, draft_per_seq_s=1e-4))
+    table_settings = PolicySettings(PolicySection(k_max=4, step_cost=cost, per_batch_size=True), swap=SWAP)
+    profile = tuple((20.0, 16.0 if i % 3 == 0 else 1.0) for i in range(30))
+    outs = []
+    for good_alpha in (0.8, 0.97):  # good's measured α moves between ticks
+        history = {"good": AcceptanceEvidence(successes=good_alpha * 3000, failures=(1 - good_alpha) * 3000)}
+        ev = replace(evidence(WEAK_SPEC, 0.25, batch=1.0), batch_profile=profile, mean_batch_size=16.0,
+                     history=history)  # fmt: skip
+        out = propose(ev, table_settings)
+        assert out.reason is PolicyReason.SWAP_DRAFT and out.target is not None, out.message
+        outs.append(out)
+    assert outs[0].target is not None and outs[1].target is not None
+    assert outs[0].target.fingerprint != outs[1].target.fingerprint  # two different tables ...
+    assert outs[0].streak_key == outs[1].streak_key == "draft draft_model /models/good"  # ... one change
+    off = propose(
+        replace(evidence(WEAK_SPEC, 0.25, batch=1.0), batch_profile=profile, mean_batch_size=16.0),
+        PolicySettings(PolicySection(k_max=4, step_cost=cost, per_batch_size=False), swap=SWAP),
+    )
+    assert off.reason is PolicyReason.DISABLE_SPECULATION and off.streak_key == "off"
