@@ -205,7 +205,7 @@ def transported(
     in their difference; the running draft's α now (``running_now``, measured on the new traffic) carries
     it over. Live, predictable → hard prompts at one stream: good and medium replayed 0.978 and 0.960,
     medium then served 0.757; taken as it stood, good's 0.978 won a swap that measured 1.0× there, moved it
-    is 0.85 (good's later replays of the hard prompts: 0.74–0.85 beside medium's 0.64–0.80).
+    is 0.85 (good's later replays of the hard prompts: 0.71–0.85 beside medium's 0.64–0.80).
 
     Estimates are the Jeffreys posterior means, so a replay with no rejection stays finite. None when a
     replay drafted nothing or ``running_now`` is not inside (0, 1)."""

@@ -9,6 +9,7 @@ measured cells laid over it), else the pinned model, else Leviathan's model from
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -327,7 +328,11 @@ def _draft_streak_key(target: SpecConfig) -> str:
     """A draft change's streak key: the draft it runs, whatever K or table comes with it. The table is
     recomputed every tick and its boundaries move with α's noise: keyed on the whole config, the simulator's
     lab_phases proposed a swap to good "1 time(s) in a row" four ticks running, a different table each time."""
-    return "off" if not target.speculates else f"draft {target.method} {target.model or ''}"
+    if not target.speculates:
+        return "off"
+    # the draft's own settings (a lookup's n-gram sizes) tell two candidates of one method apart
+    extra = json.dumps(dict(target.extra), sort_keys=True, default=str) if target.extra else ""
+    return f"draft {target.method} {target.model or ''} {extra}".rstrip()
 
 
 def _drop_draft(
