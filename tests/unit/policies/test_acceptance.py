@@ -243,6 +243,14 @@ def test_alpha_of_windows_pools_windows_at_their_effective_k() -> None:
     assert pool_evidence([at4]).evidence is not None
     # every window at the config's K: the summed counters' estimate, exactly
     assert alpha_of_windows([at4, at4]) == estimate_alpha(at4 + at4)
+    # one window mixed K 4 and 2 (a load step inside it): left out, the others at K = 4 give α; the summed
+    # counters (T ≠ K·D, no per-position draft counts) cannot
+    mixed = SpecCounters(1000, 3000, 800 + 640 + 256 + 205, (800, 640, 256, 205), num_spec_tokens=4)
+    assert estimate_alpha(at4 + at4 + mixed).alpha is None
+    around = alpha_of_windows([at4, mixed, at4])
+    assert around.alpha is not None and around.alpha == pytest.approx(0.8, abs=0.01)
+    assert around.alpha == alpha_of_windows([at4, at4]).alpha
+    assert "pooled over windows at K = [4]" in around.message
 
 
 def counters(rng: np.random.Generator, alpha: float, k: int, drafts: int) -> SpecCounters:
