@@ -21,7 +21,6 @@ step's drafted count is cut to what can still be checked against it (vLLM would 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -190,33 +189,3 @@ def with_shadow(
     for name, ev in shadow.items():
         out[name] = out[name] + ev if name in out else ev
     return out
-
-
-def _logit(a: float) -> float:
-    return math.log(a / (1.0 - a))
-
-
-def transported(
-    candidate: AcceptanceEvidence, running_then: AcceptanceEvidence, running_now: float, weight: float
-) -> AcceptanceEvidence | None:
-    """A candidate's replayed evidence moved onto the traffic the running draft sees now: ``weight``
-    trials at the candidate's replayed α shifted by the running draft's own move since the same replay,
-    on the log-odds scale. Both drafts replayed the same prompts, so the prompt mix's difficulty cancels
-    in their difference; the running draft's α now (``running_now``, measured on the new traffic) carries
-    it over. Live, predictable → hard prompts at one stream: good and medium replayed 0.978 and 0.960,
-    medium then served 0.757; taken as it stood, good's 0.978 won a swap that measured 1.0× there, moved it
-    is 0.85 (good's later replays of the hard prompts: 0.71–0.85 beside medium's 0.64–0.80).
-
-    Estimates are the Jeffreys posterior means, so a replay with no rejection stays finite. None when a
-    replay drafted nothing or ``running_now`` is not inside (0, 1)."""
-    if candidate.trials <= 0 or running_then.trials <= 0 or not 0.0 < running_now < 1.0 or weight < 0:
-        return None
-
-    def mean(ev: AcceptanceEvidence) -> float:
-        return (ev.successes + 0.5) / (ev.trials + 1.0)
-
-    z = _logit(running_now) + _logit(mean(candidate)) - _logit(mean(running_then))
-    alpha = 1.0 / (1.0 + math.exp(-z))
-    w = min(weight, candidate.trials)
-    drafts = candidate.drafts * w / candidate.trials
-    return AcceptanceEvidence(successes=alpha * w, failures=(1.0 - alpha) * w, drafts=drafts)

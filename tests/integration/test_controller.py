@@ -755,69 +755,6 @@ def test_a_shadow_replay_from_before_the_traffic_moved_weighs_no_more_than_the_p
         assert minutes(1, 0.5) == full  # replayed after the move: in full
 
 
-def test_a_shadow_replay_from_before_the_traffic_moved_is_moved_with_the_running_drafts_own_replay(
-    db_url: str,
-) -> None:
-    """When the same replay measured the running draft too, a candidate's result from before the traffic
-    moved is moved onto the new traffic by the running draft's own move, on the log-odds scale (both drafts
-    saw the same prompts: their difference is what carries over), still at the prior's weight. Live (6 Dec,
-    predictable → hard prompts at one stream) good's 0.978 beside medium's 0.960, with medium serving 0.757
-    now, swapped to good on 0.978; moved, it is 0.85. Without the running draft in that replay: capped
-    only (the test above)."""
-    import math
-
-    from policies.acceptance import AcceptanceEvidence
-    from policies.draft_choice import DraftCandidate, DraftTriggerConfig
-    from policies.shadow_replay import transported
-    from tuner.controller.context import ControllerMemory, build_context
-    from tuner.store.shadow import ShadowResult, write_shadow_result
-
-    other = DraftCandidate("other", "draft_model", "/drafts/other")
-    running = DraftCandidate("good", "draft_model", K2["model"])  # what the engine runs (K2)
-    swap = DraftTriggerConfig(duration_s=200, min_drafts=500, segments=2, prior_strength_trials=150.0)
-    settings = replace(SETTINGS, policy=replace(SETTINGS.policy, swap=swap))
-    other_then = AcceptanceEvidence(successes=2700.0, failures=300.0, drafts=1000.0)  # 0.90
-    running_then = AcceptanceEvidence(successes=2400.0, failures=600.0, drafts=1000.0)  # 0.80 on the same prompts
-
-    def replay(name: str, at: datetime, ev: AcceptanceEvidence) -> None:
-        write_shadow_result(store, ShadowResult(name, "draft_model", f"/drafts/{name}", at, 48, 3000, 3, ev,
-                                                0.9, (0.89, 0.91), False, "ok"))  # fmt: skip
-
-    with Store(db_url) as store:
-        store.record_config(KEY, config_record(K2, T0, AppliedBy.STARTUP))
-        memory = ControllerMemory()
-        now = T0
-
-        def minutes(n: int, alpha: float) -> tuple[AcceptanceEvidence | None, float | None]:
-            nonlocal now, memory
-            seen: AcceptanceEvidence | None = None
-            alpha_now: float | None = None
-            for _ in range(n):
-                now = write_windows(store, now, 6, k=2, rate=100.0, alpha=alpha)
-                current = store.current_config(KEY)
-                assert current is not None
-                ctx, memory = build_context(store, [KEY], current, now, settings, [running, other], [], memory)
-                seen, alpha_now = ctx.shadow.get("other"), ctx.alpha.alpha
-            return seen, alpha_now
-
-        minutes(10, 0.8)
-        replay("other", now, other_then)
-        replay("good", now, running_then)
-        assert minutes(5, 0.8)[0] == other_then  # the same traffic: in full, unmoved
-        moved, alpha_now = minutes(5, 0.3)  # the running draft's acceptance fell with the traffic
-        assert memory.alpha_moved_at is not None and moved is not None and alpha_now is not None
-        assert moved.trials == pytest.approx(150.0)  # the prior's weight, as unmoved
-        assert moved == transported(other_then, running_then, alpha_now, 150.0)
-        # the 0.9 it measured, moved by the running draft's fall: its log-odds lead over the running draft
-        # (log 9 − log 4) kept above the running draft's α now (~0.3), not 0.9
-        lead = math.log(2700.5 / 300.5) - math.log(2400.5 / 600.5)
-        expect = 1.0 / (1.0 + math.exp(-(math.log(alpha_now / (1.0 - alpha_now)) + lead)))
-        assert moved.successes / moved.trials == pytest.approx(expect)
-        assert 0.4 < expect < 0.6
-        replay("other", now, other_then)  # replayed after the move: in full, unmoved
-        assert minutes(1, 0.3)[0] == other_then
-
-
 def test_a_lookup_candidate_is_ranked_at_the_share_of_steps_its_newest_replay_drafted_at(db_url: str) -> None:
     """A prompt lookup drafts only where it finds a match: its replay's totals say at what share of the steps
     (``policies.shadow_replay.proposal_share``), and the candidate the policy ranks carries that share — the

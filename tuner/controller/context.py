@@ -28,7 +28,6 @@ from policies.load_window import LoadWindow, choose_load_window, load_tracker
 from policies.memory import FREE_METHODS, KvCapacity
 from policies.positional import PositionData
 from policies.regime import SAMPLED_SCATTER_Z, RegimeTracker, basis, observe, remaining_s, restart
-from policies.shadow_replay import transported
 from policies.spec_config import SpecConfig
 from policies.step_cost import StepCostModel
 from tuner.controller.candidates import current_candidate, same_draft
@@ -310,15 +309,7 @@ def build_context(
         candidates=tuple(everyone),
         trigger_windows=spec_windows(store, keys, stored, now, settings.policy.swap.duration_s),
         history=measured_history(store, keys, now, settings.history_s, everyone, same_draft, memory.history),
-        shadow=candidate_shadow(
-            store,
-            now,
-            settings,
-            memory,
-            [c.name for c in everyone],
-            running=None if running is None else running.name,
-            running_alpha=ctx.alpha.alpha,
-        ),
+        shadow=candidate_shadow(store, now, settings, memory, [c.name for c in everyone]),
         failed_candidates=frozenset(c.name for c in everyone if any(same_draft(f, c) for f in failed)),
         floored=floored_out(everyone, settings, memory),
     ), memory
@@ -350,39 +341,24 @@ def with_proposal_shares(
 
 
 def candidate_shadow(
-    store: Store,
-    now: datetime,
-    settings: ControllerSettings,
-    memory: ControllerMemory,
-    names: Sequence[str],
-    running: str | None = None,
-    running_alpha: float | None = None,
+    store: Store, now: datetime, settings: ControllerSettings, memory: ControllerMemory, names: Sequence[str]
 ) -> dict[str, AcceptanceEvidence]:
     """Each candidate's newest shadow result within ``history_s``. One from before the running draft's
     acceptance last moved with the traffic (``ControllerMemory.alpha_moved_at``; a regime our own swap
     began does not count) measured the candidates on another prompt mix: it weighs at most as much as
-    the candidate's prior (``[swap] prior_strength_trials``), and when the same replay measured the running
-    draft (``running``, at ``running_alpha`` now) it is moved onto the new traffic by the running draft's
-    own move (``policies.shadow_replay.transported``). At full weight and unmoved, set against the running
-    draft's α now, it swaps to whichever draft was better on the old prompts (lab_phases in the simulator,
-    shadow on: good on hard prompts swapped back to medium on medium's replay of the predictable prompts,
-    and again; live, medium on hard prompts swapped to good on good's 0.978 from the predictable ones);
+    the candidate's prior (``[swap] prior_strength_trials``). At full weight, set against the running
+    draft's α now, it swaps to whichever draft was better there (lab_phases in the simulator, shadow on:
+    good on hard prompts swapped back to medium on medium's replay of the predictable prompts, and again);
     dropped, an optimistic prior stands alone again (a draft measured at 0.15 tried on its prior of 0.9)."""
     wanted = set(names)
     moved_at, swap = memory.alpha_moved_at, settings.policy.swap
-    results = latest_shadow_results(store, now - timedelta(seconds=settings.history_s))
-    anchor = results.get(running) if running is not None else None
     evidence = {}
-    for name, result in results.items():
+    for name, result in latest_shadow_results(store, now - timedelta(seconds=settings.history_s)).items():
         if name not in wanted:
             continue
         ev = result.evidence
-        if swap is not None and moved_at is not None and result.computed_at < moved_at and ev.trials > 0:
-            weight = min(1.0, swap.prior_strength_trials / ev.trials) * ev.trials
-            moved = None
-            if anchor is not None and anchor.computed_at == result.computed_at and running_alpha is not None:
-                moved = transported(ev, anchor.evidence, running_alpha, weight)
-            ev = moved if moved is not None else ev.scaled(weight / ev.trials)
+        if swap is not None and moved_at is not None and result.computed_at < moved_at:
+            ev = ev.scaled(min(1.0, swap.prior_strength_trials / ev.trials)) if ev.trials > 0 else ev
         evidence[name] = ev
     return evidence
 
