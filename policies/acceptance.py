@@ -400,8 +400,7 @@ def alpha_of_windows(windows: Sequence[SpecCounters], confidence: float = 0.95) 
     ks = {e.k for e in effective if e.drafts > 0}
     # the summed counters, unless a window mixing several K (left out above) makes them unreadable: then
     # the windows that drafted at one K still say what α is (live, 6 Dec 12:52: one window spanning a
-    # 64 → 1 stream step left the running draft with no α for a tick, and its candidates' moved replays
-    # with no anchor)
+    # 64 → 1 stream step left the running draft with no α for a tick)
     if len(ks) <= 1 and (not ks or ks == {summed.k}) and (estimate.alpha is not None or not ks):
         return _honest(estimate, phi, confidence)
     pooled = pool_evidence(effective)

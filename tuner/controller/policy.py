@@ -533,15 +533,16 @@ def propose_enable(ctx: DecisionContext, settings: PolicySettings) -> PolicyOutc
             f" (α from its configured prior alone: the evidence rail wants measured drafts, or a "
             f"prior_strength_trials on {chosen.name} that vouches for the prior)"
         )
+    target = spec_for(chosen, k, table)
     return PolicyOutcome(
         PolicyReason.ENABLE_SPECULATION,
         message,
-        spec_for(chosen, k, table),
+        target,
         gain,
         gain_ci,
         details=details,
         evidence_drafts=int(trials + vouched),
-        streak_key=_draft_streak_key(spec_for(chosen, k, table)),
+        streak_key=_draft_streak_key(target),
     )
 
 
