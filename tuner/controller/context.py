@@ -349,7 +349,9 @@ def candidate_shadow(
     the candidate's prior (``[swap] prior_strength_trials``). At full weight, set against the running
     draft's α now, it swaps to whichever draft was better there (lab_phases in the simulator, shadow on:
     good on hard prompts swapped back to medium on medium's replay of the predictable prompts, and again);
-    dropped, an optimistic prior stands alone again (a draft measured at 0.15 tried on its prior of 0.9)."""
+    dropped, an optimistic prior stands alone again (a draft measured at 0.15 tried on its prior of 0.9).
+    Moving it by the running draft's own log-odds move, or not proposing it beyond failure until a fresh
+    replay lands, measured worse (docs/shadow.md)."""
     wanted = set(names)
     moved_at, swap = memory.alpha_moved_at, settings.policy.swap
     evidence = {}
