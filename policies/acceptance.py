@@ -361,20 +361,43 @@ def effective_counters(spec: SpecCounters) -> SpecCounters | None:
     Under a per-batch-size table the engine starts at K_max but drafts fewer tokens per step, so the
     positions past the step's K stay zero and α̂ = A / (A + D − a_{K−1}) read at K_max would count every
     draft as rejected. When T / D is a whole number k, every step drafted k tokens: the counters are cut
-    to k positions. A window mixing several K (T / D not whole) cannot be split from /metrics: None
-    (its tokens still count for throughput; the plugin's per-step records have the exact K).
+    to k positions. A window whose steps drafted at two neighbouring K is split (:func:`_two_ks`); one
+    mixing K otherwise cannot be split from /metrics: None (its tokens still count for throughput; the
+    plugin's per-step records have the exact K).
     """
     if spec.drafts <= 0:
         return spec
     k_eff = spec.draft_tokens / spec.drafts
     k = round(k_eff)
     if abs(k_eff - k) > 1e-9:
-        return None
+        return _two_ks(spec)
     if k >= len(spec.accepted_per_pos) or k < 1:
         return spec
     if any(spec.accepted_per_pos[k:]):  # a draft longer than k was accepted: the steps mixed several K
         return None
     return replace(spec, accepted_per_pos=spec.accepted_per_pos[:k], num_spec_tokens=k)
+
+
+def _two_ks(spec: SpecCounters) -> SpecCounters | None:
+    """A window whose steps drafted at k and k + 1 tokens (k < T / D < k + 1), cut to k + 1 positions with
+    its per-position draft counts: D at positions 1..k and T − k·D at k + 1, exact when those were the
+    only two K. That is what a per-batch-size table does while the batch moves across one of its row
+    boundaries (live, 6 Dec 16:06: 4 streams under a table drafting K = 5 at 1–3 sequences and 4 at 4–5,
+    every 2-s window mixed the two; all were left out and α came from the K = 1 windows of the phase
+    before). :func:`evidence_from_counters` then counts the full acceptances among the shorter drafts by
+    their share of the drafts (K follows the batch size, not the tokens). None when a draft longer than
+    k + 1 was accepted, position k + 1 accepted more drafts than drafted there, or the per-position draft
+    counts are known already (they may mix more than two K)."""
+    d, t, per_pos = spec.drafts, spec.draft_tokens, spec.accepted_per_pos
+    k = t // d
+    longer = t - k * d  # drafts at k + 1 tokens
+    if spec.draft_tokens_per_pos is not None or k < 1 or k + 1 > len(per_pos):
+        return None
+    if any(per_pos[k + 1 :]) or per_pos[k] > longer:
+        return None
+    return replace(
+        spec, accepted_per_pos=per_pos[: k + 1], num_spec_tokens=k + 1, draft_tokens_per_pos=(d,) * k + (longer,)
+    )
 
 
 def alpha_of_windows(windows: Sequence[SpecCounters], confidence: float = 0.95) -> AlphaEstimate:
@@ -383,7 +406,8 @@ def alpha_of_windows(windows: Sequence[SpecCounters], confidence: float = 0.95) 
 
     The summed counters give it when every window drafted at the config's K. When windows drafted at
     different K (a per-batch-size table), each window is cut to the K it drafted
-    (:func:`effective_counters`; a window mixing several K is left out) and the likelihoods are pooled:
+    (:func:`effective_counters`: one mixing two neighbouring K is split, one mixing more is left out) and
+    the likelihoods are pooled:
     the summed counters would read every short draft as a rejection at K_max. The rates (A/T, 1 + A/D)
     are always the summed counters'.
     """

@@ -224,7 +224,13 @@ def test_effective_k_of_a_table_window() -> None:
     c = SpecCounters(100, 200, 150, (80, 70, 0, 0), num_spec_tokens=4)
     eff = effective_counters(c)
     assert eff is not None and eff.k == 2 and eff.accepted_per_pos == (80, 70)
-    assert effective_counters(SpecCounters(100, 250, 150, (80, 50, 20, 0), num_spec_tokens=4)) is None  # mixed K
+    # half the steps drafted 2, half 3 (T/D = 2.5): split, 50 drafts at position 3
+    split = effective_counters(SpecCounters(100, 250, 150, (80, 50, 20, 0), num_spec_tokens=4))
+    assert split is not None and split.k == 3 and split.accepted_per_pos == (80, 50, 20)
+    assert split.draft_tokens_per_pos == (100, 100, 50)
+    # a draft longer than 3 was accepted, or position 3 accepted more than the 50 drafted there: not two K
+    assert effective_counters(SpecCounters(100, 250, 160, (80, 50, 20, 10), num_spec_tokens=4)) is None
+    assert effective_counters(SpecCounters(100, 250, 190, (80, 50, 60, 0), num_spec_tokens=4)) is None
     assert effective_counters(c.__class__()) == c.__class__()
 
 
@@ -261,6 +267,25 @@ def counters(rng: np.random.Generator, alpha: float, k: int, drafts: int) -> Spe
     at_least = np.cumsum(exact[::-1])[::-1]
     per_pos = tuple(int(x) for x in at_least[1:])
     return SpecCounters(drafts, drafts * k, sum(per_pos), per_pos, k)
+
+
+def test_windows_that_drafted_at_two_neighbouring_k_give_alpha() -> None:
+    # live, 6 Dec 16:06: 4 streams under a table drafting 5 at 1–3 sequences and 4 at 4–5; every window
+    # mixed the two. Each such window alone reads α as the i.i.d. truth does, and so do all of them pooled.
+    rng = np.random.default_rng(7)
+
+    def mixed(alpha: float, share5: float) -> SpecCounters:
+        n5 = int(600 * share5)
+        at5 = counters(rng, alpha, 5, n5)
+        at4 = counters(rng, alpha, 4, 600 - n5)
+        return at5 + SpecCounters(at4.drafts, at4.draft_tokens, at4.accepted_tokens, (*at4.accepted_per_pos, 0), 5)
+
+    for alpha in (0.55, 0.8, 0.9):
+        windows = [mixed(alpha, share) for share in (0.1, 0.3, 0.5, 0.7, 0.9) for _ in range(4)]
+        assert all(estimate_alpha(w).alpha is None for w in windows)  # T ≠ K·D: the summed counters cannot
+        est = alpha_of_windows(windows)
+        assert est.alpha is not None and est.alpha_ci is not None
+        assert est.alpha_ci[0] - 0.01 < alpha < est.alpha_ci[1] + 0.01, (alpha, est)
 
 
 def test_wandering_windows_are_overdispersed_and_widen_the_interval() -> None:
