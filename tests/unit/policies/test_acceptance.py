@@ -271,7 +271,7 @@ def counters(rng: np.random.Generator, alpha: float, k: int, drafts: int) -> Spe
 
 def test_windows_that_drafted_at_two_neighbouring_k_give_alpha() -> None:
     # live, 6 Dec 16:06: 4 streams under a table drafting 5 at 1–3 sequences and 4 at 4–5; every window
-    # mixed the two. Each such window alone reads α as the i.i.d. truth does, and so do all of them pooled.
+    # mixed the two. The summed counters of each cannot be read; split, the windows pooled cover the truth.
     rng = np.random.default_rng(7)
 
     def mixed(alpha: float, share5: float) -> SpecCounters:
