@@ -74,7 +74,12 @@ class PositionData:
 
     @classmethod
     def from_counters(cls, counters: SpecCounters) -> PositionData:
-        """n_0 = D, n_i = a_{i−1} (scaled by D_i/D_{i−1} when K varied and D_i is known), s_i = a_i."""
+        """n_0 = D, n_i = a_{i−1} (scaled by D_i/D_{i−1} when K varied and D_i is known), s_i = a_i.
+
+        The scaled n_i is the drafts expected to reach position i; the drafts that did reach it are at least
+        the a_i accepted there, so n_i is never taken below a_i (live, 6 Dec 18:50: a window split at K = 4 / 5
+        had 5 drafts accepted at position 5 where 3.66 were expected to reach it, and the ValueError below
+        failed every decision whose evidence held that window)."""
         per_pos = counters.accepted_per_pos
         if counters.drafts <= 0 or not per_pos:
             return cls((), ())
@@ -84,7 +89,7 @@ class PositionData:
         for i, a_i in enumerate(per_pos):
             d_i = float(drafted[i]) if drafted is not None and i < len(drafted) else float(counters.drafts)
             reach = prev_accepted * (d_i / prev_drafted) if prev_drafted > 0 else 0.0
-            trials.append(reach)
+            trials.append(max(reach, float(a_i)))
             prev_accepted, prev_drafted = float(a_i), d_i
         return cls(tuple(trials), tuple(float(a) for a in per_pos))
 
