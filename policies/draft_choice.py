@@ -529,25 +529,14 @@ def _rank(snapshot: DraftChoiceSnapshot) -> list[CandidateScore]:
 
 
 def _confidently_better(
-    ranking: Sequence[CandidateScore], current: CandidateScore | None, trigger: TriggerCheck, cfg: DraftTriggerConfig
+    ranking: Sequence[CandidateScore], current: CandidateScore | None, trigger: TriggerCheck
 ) -> CandidateScore | None:
     """Beyond failure: the best candidate surely faster than the running draft (:func:`_beating`), once the
-    running draft's evidence covers one slice of the trigger's duration (``segments``) with that slice's share
-    of ``min_drafts`` — its interval, widened by the windows' spread, then says how sure the comparison is;
-    the gain rail asks for ``min_gain`` on top, the switching-cost rail for the payback over the regime's
-    expected remaining length. None: the running draft stays.
-
-    Why one slice, not the whole duration the floor waits: the duration guards the floor against a burst of
-    unusual prompts, which the payback rail weighs here. Waiting the whole duration after every start and
-    every restart held every swap for 540 s (simulator, lab_gpu_like: medium kept for
-    the first 630 s of a 1 200-s phase where good/K = 5 made 1.38× its tokens)."""
-    if current is None or current.k <= 0 or trigger.reason is TriggerReason.UNUSABLE:
-        return None
-    if trigger.reason in (TriggerReason.NOT_COVERED, TriggerReason.TOO_FEW_DRAFTS):
-        span = cfg.duration_s / cfg.segments
-        if trigger.covered_s < cfg.coverage * span or trigger.drafts < cfg.min_drafts / cfg.segments:
-            return None
-    elif trigger.reason not in (TriggerReason.ABOVE_THRESHOLD, TriggerReason.RECOVERED):
+    running draft's evidence is as complete as the floor asks (the trigger's duration covered,
+    ``min_drafts`` drafts; the gain rail then asks for ``min_gain`` on top, the switching-cost rail for the
+    payback); None: the running draft stays."""
+    judged = trigger.reason in (TriggerReason.ABOVE_THRESHOLD, TriggerReason.RECOVERED)
+    if current is None or current.k <= 0 or not judged:
         return None
     return _beating(ranking, current)
 
@@ -627,7 +616,7 @@ def choose_draft(snapshot: DraftChoiceSnapshot) -> DraftDecision:
     ranking = _rank(snapshot)
     if not trigger.triggered:
         opportunistic = [s for s in ranking if s.name not in snapshot.not_opportunistic]
-        beats = _confidently_better(opportunistic, current_score, trigger, cfg)
+        beats = _confidently_better(opportunistic, current_score, trigger)
         pending = None if beats is not None or current is None else _beaten_lately(snapshot, current, opportunistic)
         if beats is not None:
             chosen = by_name[beats.name]
