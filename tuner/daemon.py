@@ -136,11 +136,21 @@ class Daemon:
             if not health.failing:
                 log.exception("daemon job %s failed (logged once until it recovers)", name)
             health.failing = True
+            self._report_job(name, ok=False)
             return
         if health.failing:
             log.warning("daemon job %s recovered", name)
             health.failing = False
+        self._report_job(name, ok=True)
         self.ticks[name] += 1
+
+    def _report_job(self, name: str, ok: bool) -> None:
+        # logged once, a failing job is easy to miss: the exporters count every failed run (live, 6 Dec: one
+        # malformed evidence window stopped every decision for the last 150 s of a phase, one log line)
+        try:
+            self.observers.record_job(name, ok)
+        except Exception:
+            log.warning("daemon: could not export the health of job %s", name, exc_info=True)
 
     def collect(self) -> None:
         result = self.collector.collect_once()

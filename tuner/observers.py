@@ -85,6 +85,11 @@ class Observers:
         if self.exports is not None:
             self.exports.record_tick(tick, start_ns=start_ns, end_ns=time.time_ns(), phase=phase)
 
+    def record_job(self, name: str, ok: bool) -> None:
+        """One run of a daemon job, for the exporters (no-op without them)."""
+        if self.exports is not None:
+            self.exports.record_job(name, ok)
+
     def request_stop(self) -> None:
         """Cut alert retry waits short, so the scheduler's shutdown does not wait for them."""
         if self.alerts is not None:

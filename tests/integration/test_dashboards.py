@@ -58,6 +58,8 @@ def test_every_rule_is_tested_firing_and_quiet() -> None:
         ("spectuner_last_scrape_age_seconds > 120", "spectuner_last_scrape_age_seconds > 30"),
         ("expr: spectuner_engine_up == 0\n        for: 1m", "expr: spectuner_engine_up == 0\n        for: 0m"),
         ("increase(spectuner_rollbacks_total[15m]) > 0", "increase(spectuner_rollbacks_total[30m]) > 0"),
+        ('{daemon_job="decide"} == 1\n        for: 2m', '{daemon_job="decide"} == 1\n        for: 0m'),
+        ('{daemon_job="decide"} == 1', ' == 1'),  # every job, not the controller's
     ],
 )
 def test_the_unit_tests_catch_a_weakened_rule(old: str, new: str, tmp_path: Path) -> None:

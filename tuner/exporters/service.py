@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from tuner.controller.audit import TickResult
 from tuner.exporters.settings import ExportersSection
 from tuner.exporters.source import StoreSource
-from tuner.exporters.values import Sample
+from tuner.exporters.values import Sample, job_samples
 from tuner.store import Store, UnknownRecordError
 
 if TYPE_CHECKING:
@@ -55,6 +55,9 @@ class ExportService:
         )
         self._samples: list[Sample] = []
         self._lock = threading.Lock()
+        # the daemon's jobs in this process (record_job): failed runs, and whether the last run failed
+        self._job_failures: dict[str, int] = {}
+        self._job_failing: dict[str, bool] = {}
         # Imports inside: the OTel SDK costs start-up time only where it is used.
         self.prometheus: PrometheusExporter | None = None
         self.otlp: OtlpMetricsExporter | None = None
@@ -70,7 +73,15 @@ class ExportService:
 
     def samples(self) -> list[Sample]:
         with self._lock:
-            return list(self._samples)
+            return [*self._samples, *job_samples(self._job_failures, self._job_failing)]
+
+    def record_job(self, name: str, ok: bool) -> None:
+        """One run of a daemon job: ``spectuner_daemon_job_failures_total`` / ``spectuner_daemon_job_failing``."""
+        with self._lock:
+            self._job_failures.setdefault(name, 0)
+            if not ok:
+                self._job_failures[name] += 1
+            self._job_failing[name] = not ok
 
     # -- life cycle ------------------------------------------------------------------------------
     def start(self) -> None:

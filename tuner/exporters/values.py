@@ -66,6 +66,22 @@ METRICS: dict[str, MetricSpec] = {
         MetricSpec("spectuner_last_scrape_age_seconds", "gauge", "Age of the newest stored window", "s"),
         MetricSpec("spectuner_engine_up", "gauge", "1 unless the health job reported the engine down"),
         MetricSpec(
+            "spectuner_daemon_job_failures_total",
+            "counter",
+            "Runs of a daemon job (collect, decide, health, ...) that raised, in this process",
+            "",
+            ("daemon_job",),
+            (),
+        ),
+        MetricSpec(
+            "spectuner_daemon_job_failing",
+            "gauge",
+            "1 while a daemon job's last run raised (decide: the controller is not deciding)",
+            "",
+            ("daemon_job",),
+            (),
+        ),
+        MetricSpec(
             "spectuner_decisions_total", "counter", "Decisions recorded, by action and reason", "", ("action", "reason")
         ),
         MetricSpec("spectuner_draft_swaps_total", "counter", "Draft model changes applied"),
@@ -416,6 +432,16 @@ class CounterTotals:
                 Sample("spectuner_alert_deliveries_total", (*lab(labels), ("sink", sink), ("outcome", outcome)), n)
             )
         return out
+
+
+def job_samples(failures: Mapping[str, int], failing: Mapping[str, bool]) -> list[Sample]:
+    """The daemon's jobs as seen by this process: runs that raised, and whether the last one did (the daemon
+    logs a failing job once, so without these a controller that stopped deciding shows only in its log)."""
+    out: list[Sample] = []
+    for job in sorted(set(failures) | set(failing)):
+        out.append(Sample("spectuner_daemon_job_failures_total", (("daemon_job", job),), float(failures.get(job, 0))))
+        out.append(Sample("spectuner_daemon_job_failing", (("daemon_job", job),), 1.0 if failing.get(job) else 0.0))
+    return out
 
 
 def by_name(samples: Iterable[Sample]) -> dict[str, list[Sample]]:
