@@ -153,12 +153,7 @@ class FleetGroup:
 
 def _position_data(windows: Sequence[SpecCounters]) -> PositionData:
     """Per-position trials of an engine's windows, each read at the K it drafted (as α̂ is)."""
-    total = PositionData((), ())
-    for w in windows:
-        eff = effective_counters(w)
-        if eff is not None:
-            total = total + PositionData.from_counters(eff)
-    return total
+    return PositionData.from_windows(e for e in (effective_counters(w) for w in windows) if e is not None)
 
 
 def _alpha_cell(evidence: AcceptanceEvidence) -> PositionData:

@@ -522,11 +522,10 @@ def measure(
     since = min(max(now - timedelta(seconds=evidence_window_s), first), now)
     wins = windows_under(store, keys, first, since, now + timedelta(microseconds=1))
     spec, duration_s, tokens, rates, running_mean = summarize(wins)
-    positions = PositionData((), ())
-    for w in wins:
-        effective = effective_counters(w.spec) if w.spec is not None else None
-        if effective is not None:
-            positions = positions + PositionData.from_counters(effective)
+    # pooled, not window by window: a window that drafted at two K has estimated trials (PositionData.from_windows)
+    positions = PositionData.from_windows(
+        e for e in (effective_counters(w.spec) for w in wins if w.spec is not None) if e is not None
+    )
     recent = [w for w in wins if w.end > now - timedelta(seconds=recent_s)]
     alpha = alpha_of_windows([w.spec for w in wins if w.spec is not None], confidence)
     recent_alpha, recent_noise = _recent(recent, confidence)

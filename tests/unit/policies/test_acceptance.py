@@ -288,7 +288,7 @@ def test_windows_that_drafted_at_two_neighbouring_k_give_alpha() -> None:
         assert est.alpha_ci[0] - 0.01 < alpha < est.alpha_ci[1] + 0.01, (alpha, est)
 
 
-def test_a_small_split_window_gives_per_position_trials_no_fewer_than_its_acceptances() -> None:
+def test_small_split_windows_give_valid_and_unbiased_per_position_trials() -> None:
     # live, 6 Dec: a 2-s window split at K = 4 / 5 had 5 drafts accepted at position 5 where 3.66 were expected
     # to reach it; PositionData refused the counts and every decision whose evidence held the window failed
     from policies.acceptance import effective_counters
@@ -296,19 +296,26 @@ def test_a_small_split_window_gives_per_position_trials_no_fewer_than_its_accept
 
     split = effective_counters(SpecCounters(10, 42, 36, (9, 9, 8, 8, 2), num_spec_tokens=5))
     assert split is not None and split.draft_tokens_per_pos == (10, 10, 10, 10, 2)
-    data = PositionData.from_counters(split)  # expected reach at position 5: 8 × 2 / 10 = 1.6 < 2 accepted
-    assert data.trials == (10.0, 9.0, 9.0, 8.0, 2.0) and data.successes == (9.0, 9.0, 8.0, 8.0, 2.0)
-    # every small mixed window of a high-acceptance draft, as a table's row boundary makes them
-    rng = np.random.default_rng(11)
-    for _ in range(500):
-        n = int(rng.integers(2, 60))
-        n5 = int(rng.integers(1, n))
-        at5, at4 = counters(rng, 0.9, 5, n5), counters(rng, 0.9, 4, n - n5)
-        window = at5 + SpecCounters(at4.drafts, at4.draft_tokens, at4.accepted_tokens, (*at4.accepted_per_pos, 0), 5)
-        eff = effective_counters(window)
-        if eff is not None:
-            got = PositionData.from_counters(eff)
-            assert all(s <= t for s, t in zip(got.successes, got.trials, strict=True))
+    alone = PositionData.from_counters(split)  # expected reach at position 5: 8 × 2 / 10 = 1.6 < 2 accepted
+    assert alone.trials == (10.0, 9.0, 9.0, 8.0, 2.0) and alone.successes == (9.0, 9.0, 8.0, 8.0, 2.0)
+    # small mixed windows of a draft at α, as a table's row boundary makes them: pooled, every position reads α
+    # (the expected reach is summed; raised to the acceptances window by window, position 5 read 0.884 at 0.9)
+    for alpha in (0.6, 0.9):
+        rng = np.random.default_rng(11)
+        windows = []
+        for _ in range(3000):
+            n = int(rng.integers(2, 60))
+            n5 = int(rng.integers(1, n))
+            at5, at4 = counters(rng, alpha, 5, n5), counters(rng, alpha, 4, n - n5)
+            mixed = at5 + SpecCounters(at4.drafts, at4.draft_tokens, at4.accepted_tokens, (*at4.accepted_per_pos, 0), 5)
+            eff = effective_counters(mixed)
+            assert eff is not None and eff.draft_tokens_per_pos is not None
+            windows.append(eff)
+        pooled = PositionData.from_windows(windows)
+        rates = [s / t for s, t in zip(pooled.successes, pooled.trials, strict=True)]
+        assert all(abs(r - alpha) < 0.01 for r in rates), (alpha, rates)
+        # every window alone is valid too (no ValueError), whatever it accepted
+        assert all(PositionData.from_counters(w).trials[4] >= w.accepted_per_pos[4] for w in windows[:500])
 
 
 def test_wandering_windows_are_overdispersed_and_widen_the_interval() -> None:
