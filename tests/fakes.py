@@ -89,11 +89,8 @@ def make_context(
     for c in windows:
         total = total + c
     running, everyone = current_candidate(current, candidates, cost_ratio)
-    positions = PositionData((), ())
-    for c in windows:
-        effective = effective_counters(c)
-        if effective is not None:
-            positions = positions + PositionData.from_counters(effective)
+    # as context.measure pools them
+    positions = PositionData.from_windows(e for e in (effective_counters(c) for c in windows) if e is not None)
     ctx = DecisionContext(
         now=now,
         keys=(key,),

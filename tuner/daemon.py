@@ -146,7 +146,7 @@ class Daemon:
 
     def _report_job(self, name: str, ok: bool) -> None:
         # logged once, a failing job is easy to miss: the exporters count every failed run (live, 6 Dec: one
-        # malformed evidence window stopped every decision for the last 150 s of a phase, one log line)
+        # malformed evidence window stopped every decision for the last ~145 s of a phase, one log line)
         try:
             self.observers.record_job(name, ok)
         except Exception:

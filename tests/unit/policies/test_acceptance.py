@@ -269,19 +269,23 @@ def counters(rng: np.random.Generator, alpha: float, k: int, drafts: int) -> Spe
     return SpecCounters(drafts, drafts * k, sum(per_pos), per_pos, k)
 
 
+def mixed_4_5(rng: np.random.Generator, alpha: float, n5: int, n4: int) -> SpecCounters:
+    """One window of a table drafting 5 for ``n5`` drafts and 4 for ``n4`` (the engine at K_max = 5)."""
+    at5, at4 = counters(rng, alpha, 5, n5), counters(rng, alpha, 4, n4)
+    return at5 + SpecCounters(at4.drafts, at4.draft_tokens, at4.accepted_tokens, (*at4.accepted_per_pos, 0), 5)
+
+
 def test_windows_that_drafted_at_two_neighbouring_k_give_alpha() -> None:
     # live, 6 Dec 16:06: 4 streams under a table drafting 5 at 1–3 sequences and 4 at 4–5; every window
     # mixed the two. The summed counters of each cannot be read; split, the windows pooled cover the truth.
     rng = np.random.default_rng(7)
 
-    def mixed(alpha: float, share5: float) -> SpecCounters:
-        n5 = int(600 * share5)
-        at5 = counters(rng, alpha, 5, n5)
-        at4 = counters(rng, alpha, 4, 600 - n5)
-        return at5 + SpecCounters(at4.drafts, at4.draft_tokens, at4.accepted_tokens, (*at4.accepted_per_pos, 0), 5)
-
     for alpha in (0.55, 0.8, 0.9):
-        windows = [mixed(alpha, share) for share in (0.1, 0.3, 0.5, 0.7, 0.9) for _ in range(4)]
+        windows = [
+            mixed_4_5(rng, alpha, int(600 * share), 600 - int(600 * share))
+            for share in (0.1, 0.3, 0.5, 0.7, 0.9)
+            for _ in range(4)
+        ]
         assert all(estimate_alpha(w).alpha is None for w in windows)  # T ≠ K·D: the summed counters cannot
         est = alpha_of_windows(windows)
         assert est.alpha is not None and est.alpha_ci is not None
@@ -306,9 +310,7 @@ def test_small_split_windows_give_valid_and_unbiased_per_position_trials() -> No
         for _ in range(3000):
             n = int(rng.integers(2, 60))
             n5 = int(rng.integers(1, n))
-            at5, at4 = counters(rng, alpha, 5, n5), counters(rng, alpha, 4, n - n5)
-            mixed = at5 + SpecCounters(at4.drafts, at4.draft_tokens, at4.accepted_tokens, (*at4.accepted_per_pos, 0), 5)
-            eff = effective_counters(mixed)
+            eff = effective_counters(mixed_4_5(rng, alpha, n5, n - n5))
             assert eff is not None and eff.draft_tokens_per_pos is not None
             windows.append(eff)
         pooled = PositionData.from_windows(windows)
