@@ -225,14 +225,15 @@ def _settle(load: StreamLoad, ramp_s: float) -> None:
 
 # -- fixed configs: cells ---------------------------------------------------------------------------------
 
-def best_table(manifest: Any, alpha: float, k_max: int, max_batch: int) -> list[list[int]]:
+def best_table(manifest: Any, alpha: float, k_max: int, max_batch: int, k0_pass: bool) -> list[list[int]]:
     """The K table spectuner's policy picks for a draft of acceptance ``alpha`` on the lab's calibrated
-    step cost — what an operator who knew α and the cost model would pin."""
+    step cost — what an operator who knew α and the cost model would pin. ``k0_pass``: the engine's K = 0
+    steps still run the draft's pass (not with ``--skip-k0-pass``)."""
     cost, _ = lab_cost_model(manifest)
+    model = StepCostModel(cost["fixed_s"], cost["per_token_s"], cost["draft_fixed_s"], cost["draft_per_seq_s"])
     table = k_table(KTableSnapshot(
         now=datetime.now(UTC), acceptance=ConstantAlphaModel(alpha, alpha, alpha),
-        step_cost=StepCostModel(cost["fixed_s"], cost["per_token_s"], cost["draft_fixed_s"], cost["draft_per_seq_s"]),
-        max_batch_size=max_batch, k_max=k_max,
+        step_cost=model.with_draft_pass_at_k0(k0_pass), max_batch_size=max_batch, k_max=k_max,
     ))
     return table.as_vllm()
 
@@ -248,7 +249,8 @@ def measure_engine(draft: str, settings: list[tuple[str, list[list[int]] | None]
         token_file = workdir / f"{tag}.token"
         token = load_or_create_token(token_file, create=True)
         sock = Path(tempfile.mkdtemp(prefix="sl-")) / "ctl.sock"  # a unix socket path must stay short
-        env = plugin_env(ingest_url=None, control_address=f"unix:{sock}", token_file=token_file)
+        env = plugin_env(ingest_url=None, control_address=f"unix:{sock}", token_file=token_file,
+                         skip_k0_draft_pass=args.skip_k0_pass)
         control = ControlClient(f"unix:{sock}", token)
     server = LabServer(draft=draft, k=args.k_max if spec else 0,
                        per_batch_size=[[1, args.max_batch, 3]] if spec else None,
@@ -295,7 +297,7 @@ def measure_engine(draft: str, settings: list[tuple[str, list[list[int]] | None]
 def run_fixed(args: argparse.Namespace, workdir: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     manifest = LabServer(draft="none", k=0, models_dir=args.models_dir, workdir=workdir / "probe").manifest
     good_alpha = float(manifest.drafts["good"].greedy_agreement or 0.9)
-    table = best_table(manifest, good_alpha, args.k_max, args.max_batch)
+    table = best_table(manifest, good_alpha, args.k_max, args.max_batch, k0_pass=not args.skip_k0_pass)
     plan: list[tuple[str, list[tuple[str, list[list[int]] | None]]]] = [("none", [("off", None)] * 2)]
     for draft in args.drafts:
         settings: list[tuple[str, list[list[int]] | None]] = [
@@ -336,7 +338,7 @@ def run_spectuner(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     doc["actuator"]["live"] = {"fallback": "restart", "k_max": args.k_max}
     sock = Path(tempfile.mkdtemp(prefix="sl-")) / "ctl.sock"
     doc["plugin"] = {"ingest_listen": f"127.0.0.1:{free_port()}", "control_address": f"unix:{sock}",
-                     "token_file": str(run_dir / "plugin.token")}
+                     "token_file": str(run_dir / "plugin.token"), "skip_draft_pass_at_k0": args.skip_k0_pass}
     doc["speculative"]["num_speculative_tokens"] = args.k_max
     table = [[1, args.max_batch, args.start[1]]]
     doc["speculative"].setdefault("extra", {})["num_speculative_tokens_per_batch_size"] = table
@@ -623,6 +625,9 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=64, help="mean tokens per request (spread ±50 %%)")
     parser.add_argument("--max-batch", type=int, default=64, help="the engines' max_num_seqs")
     parser.add_argument("--k-max", type=int, default=5)
+    parser.add_argument("--skip-k0-pass", action=argparse.BooleanOptionalAction, default=True,
+                        help="every engine with a draft skips the draft's pass in K = 0 steps ([plugin] "
+                             "skip_draft_pass_at_k0), spectuner's and the fixed ones alike")
     parser.add_argument("--drafts", type=lambda s: [d for d in s.split(",") if d],
                         default=["good", "medium", "weak", "ngram"], help="lab drafts measured and registered")
     parser.add_argument("--start", type=_draft_k, default=START, help="spectuner's start, DRAFT:K (medium:3)")
@@ -680,6 +685,7 @@ def main() -> int:
     doc = {
         "when": datetime.now(UTC).isoformat(timespec="seconds"), "models_dir": str(args.models_dir),
         "phase_s": args.phase_s, "cell_s": args.cell_s, "visits": args.visits, "max_tokens": args.max_tokens,
+        "skip_k0_draft_pass": args.skip_k0_pass,
         "phases": [p.name for p in PHASES], "wall_s": round(time.time() - t0, 1),
         "load_average_before": load_before, "load_average_after": [round(x, 2) for x in os.getloadavg()],
         "fixed": fixed_info, "cells": cells, "spectuner": sp,

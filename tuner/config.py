@@ -224,6 +224,14 @@ class PluginSection(_Section):
         default="plugin.token",
         description="shared secret (relative to this file); created 0600 if the sidecar starts the engine",
     )
+    skip_draft_pass_at_k0: bool = Field(
+        default=False,
+        description=(
+            "K = 0 steps skip the draft model's pass (SPECTUNER_SKIP_K0_DRAFT_PASS in the engine; set by the "
+            "sidecar when it starts the engine): a table's K = 0 then costs what plain decoding costs, and a "
+            "request that lived through K = 0 steps drafts worse afterwards (docs/plugin.md)"
+        ),
+    )
 
     @field_validator("ingest_listen")
     @classmethod

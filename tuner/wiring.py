@@ -63,11 +63,14 @@ def engine_plugin_env(config: SpectunerConfig) -> dict[str, str]:
     """Environment for an engine the sidecar starts, so the spectuner vLLM plugin in it finds the sidecar."""
     p = config.plugin
     if not (p.ingest_listen or p.control_address):
-        return {}
+        return plugin_env(
+            ingest_url=None, control_address=None, token_file=None, skip_k0_draft_pass=p.skip_draft_pass_at_k0
+        )
     return plugin_env(
         ingest_url=f"http://{p.ingest_listen}{STEPS_PATH}" if p.ingest_listen else None,
         control_address=p.control_address,
         token_file=config.resolve(p.token_file),
+        skip_k0_draft_pass=p.skip_draft_pass_at_k0,
     )
 
 

@@ -32,7 +32,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from collectors.vllm_plugin import env
+from collectors.vllm_plugin import env, k0_pass
 from collectors.vllm_plugin.features import LIVE_K_FEATURES, FeatureReport, runtime_report
 from collectors.vllm_plugin.protocol import (
     MAX_REQUEST_BYTES,
@@ -154,6 +154,8 @@ class LiveK:
             refused=self.refused,
             engine_index=self.engine_index,
             features=self.features.flags(),
+            k0_draft_pass=str(k0_pass.state()["k0_draft_pass"]),
+            k0_passes_skipped=int(k0_pass.state()["k0_passes_skipped"]),
         )
 
     def check_table(self, table: Any) -> list[list[int]]:
@@ -330,7 +332,9 @@ def attach(scheduler: Any, address: Address, token: str) -> ControlServer:
 
 
 def register() -> None:
-    """``vllm.general_plugins`` entry point: inert unless SPECTUNER_CONTROL_ADDR and a token are set."""
+    """``vllm.general_plugins`` entry point: inert unless SPECTUNER_CONTROL_ADDR and a token are set
+    (or SPECTUNER_SKIP_K0_DRAFT_PASS, which works without the channel)."""
+    k0_pass.install()
     text = os.environ.get(env.CONTROL_ADDR, "").strip()
     if not text:
         return

@@ -12,6 +12,13 @@ TOKEN_FILE = "SPECTUNER_PLUGIN_TOKEN_FILE"  # or a file holding it (keeps it out
 QUEUE_MAX = "SPECTUNER_PLUGIN_QUEUE_MAX"  # step records held while the sidecar is slow (default 20000)
 BATCH_MAX = "SPECTUNER_PLUGIN_BATCH_MAX"  # records per POST (default 512)
 FLUSH_S = "SPECTUNER_PLUGIN_FLUSH_S"  # seconds between POSTs while steps arrive (default 0.25)
+SKIP_K0_DRAFT_PASS = "SPECTUNER_SKIP_K0_DRAFT_PASS"  # "1": a K = 0 step skips the draft model's pass
+
+
+def env_flag(name: str, environ: dict[str, str] | None = None) -> bool:
+    """A yes/no switch: "1", "true", "yes", "on" (any case) are yes; anything else, unset included, is no."""
+    env = os.environ if environ is None else environ
+    return env.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def read_token(environ: dict[str, str] | None = None) -> str | None:

@@ -106,6 +106,7 @@ _STATS = "vllm.v1.metrics.stats"
 _SPEC_METRICS = "vllm.v1.spec_decode.metrics"
 _LOGGERS = "vllm.v1.metrics.loggers"
 _PLUGINS = "vllm.plugins"
+_PROPOSER = "vllm.v1.spec_decode.llm_base_proposer"
 
 STAT_LOGGER = Feature(
     "stat_logger_plugin",
@@ -199,10 +200,26 @@ LIVE_K = Feature(
     ),
 )
 
+SKIP_K0_PASS = Feature(
+    "skip_k0_draft_pass",
+    "a K = 0 step returns no drafts without the draft model's pass (SpecDecodeBaseProposer.propose wrapped)",
+    (
+        Requirement("class", _PROPOSER, "SpecDecodeBaseProposer"),
+        Requirement(
+            "method",
+            _PROPOSER,
+            "SpecDecodeBaseProposer",
+            "propose",
+            names=("num_speculative_tokens", "target_token_ids", "common_attn_metadata"),
+        ),
+    ),
+)
+
 # What the stat logger needs to ship anything, and what live K needs (K table included).
 STAT_LOGGER_FEATURES = (STAT_LOGGER, STEP_STATS, ITERATION_DETAILS)
 LIVE_K_FEATURES = (K_TABLE, LIVE_K)
 PLUGIN_FEATURES = (*STAT_LOGGER_FEATURES, *LIVE_K_FEATURES)
+K0_PASS_FEATURES = (SKIP_K0_PASS,)
 
 
 # -- probes ------------------------------------------------------------------------------------------

@@ -396,9 +396,13 @@ def shared_plugin_token(path: Path, *, ingest: bool, control: bool, sidecar_star
         raise ValueError(f"cannot read or create plugin token file {path}: {exc}") from None
 
 
-def plugin_env(*, ingest_url: str | None, control_address: str | None, token_file: Path | None) -> dict[str, str]:
+def plugin_env(
+    *, ingest_url: str | None, control_address: str | None, token_file: Path | None, skip_k0_draft_pass: bool = False
+) -> dict[str, str]:
     """Environment for an engine the sidecar starts, so the plugin inside it finds the sidecar."""
     env: dict[str, str] = {}
+    if skip_k0_draft_pass:
+        env[plugin_vars.SKIP_K0_DRAFT_PASS] = "1"
     if ingest_url:
         env[plugin_vars.INGEST_URL] = ingest_url
     if control_address:

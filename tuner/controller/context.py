@@ -723,9 +723,17 @@ def _with_step_cost(
                 (c.cost_ratio_for(p.target_params) for c in candidates if same_draft(spec, c)), None
             ),
             groups=groups,
+            drafts_at_k0=settings.policy.drafts_at_k0,
         )
         by_candidate = (
-            candidate_step_costs(groups, fitted[0], candidates, p.target_params, p.step_cost_cell_min_steps)
+            candidate_step_costs(
+                groups,
+                fitted[0],
+                candidates,
+                p.target_params,
+                p.step_cost_cell_min_steps,
+                drafts_at_k0=settings.policy.drafts_at_k0,
+            )
             if fitted is not None
             else {}
         )

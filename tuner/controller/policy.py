@@ -42,7 +42,7 @@ from policies.draft_choice import (
 from policies.k_table import KTableSnapshot, k_table, off_gain_over_load, table_gain_over_load
 from policies.memory import DraftFootprint
 from policies.shadow_replay import with_shadow
-from policies.spec_config import OFF, KRow, SpecConfig, k_at, method_drafts_at_k0
+from policies.spec_config import OFF, KRow, SpecConfig, k_at
 from policies.speedup import independent_ratio_interval
 from policies.step_cost import StepCostModel
 from tuner.controller.context import DecisionContext
@@ -257,8 +257,9 @@ def propose_k_table(ctx: DecisionContext, settings: PolicySettings) -> PolicyOut
     model = choice.model
     p = settings.policy
     k_engine = max(ctx.current.k or 0, p.k_max)
-    # a table's K = 0 keeps the draft loaded: with a draft model each step still runs its catch-up pass
-    step_cost = step_cost_model(ctx, settings).with_draft_pass_at_k0(ctx.current.drafts_at_k0)
+    # a table's K = 0 keeps the draft loaded: with a draft model each step still runs its catch-up pass,
+    # unless the plugin skips it ([plugin] skip_draft_pass_at_k0)
+    step_cost = step_cost_model(ctx, settings).with_draft_pass_at_k0(settings.drafts_at_k0(ctx.current.method))
     footprint = _footprint(ctx.running, settings)
     table = k_table(
         KTableSnapshot(
@@ -707,7 +708,7 @@ def _table_inputs(
         alpha = sparse(ConstantAlphaModel(prior, prior, prior), candidate.proposal_share)
     linear = step_cost_model(ctx, settings).linear()
     priced = candidate.beside(linear, settings.policy.target_params) or linear
-    return alpha, priced.with_draft_pass_at_k0(method_drafts_at_k0(candidate.method))
+    return alpha, priced.with_draft_pass_at_k0(settings.drafts_at_k0(candidate.method))
 
 
 def _table_for(

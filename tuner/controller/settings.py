@@ -8,10 +8,11 @@ here only groups them for the controller and derives the pure policies' own inpu
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from policies.draft_choice import DraftTriggerConfig, TriggerStatistic
 from policies.memory import MemoryBudget
+from policies.spec_config import method_drafts_at_k0
 from policies.step_cost import StepCostModel
 from tuner.config import (
     CanarySection,
@@ -40,6 +41,8 @@ class PolicySettings:
     # caps each config's batch; 0: not known) and the context per sequence when KV usage is not scraped
     target_kv_bytes_per_token: int = 0
     tokens_per_seq: int = 0
+    # ``[plugin] skip_draft_pass_at_k0``: the engine's K = 0 steps skip the draft model's pass
+    k0_draft_pass_skipped: bool = False
 
     @classmethod
     def from_sections(
@@ -66,6 +69,11 @@ class PolicySettings:
         if memory is None:
             return cls(policy, budget, trigger)
         return cls(policy, budget, trigger, memory.target_kv_bytes_per_token, memory.tokens_per_seq)
+
+    def drafts_at_k0(self, method: object) -> bool:
+        """Does a K = 0 step under ``method`` run a draft pass on this engine? (vLLM's model drafts do,
+        unless the plugin skips it.)"""
+        return method_drafts_at_k0(method) and not self.k0_draft_pass_skipped
 
     @property
     def pinned_step_cost(self) -> StepCostModel | None:
@@ -95,7 +103,10 @@ class ControllerSettings:
             model_name=config.engine.model_name,
             controller=config.controller,
             guardrails=config.guardrails,
-            policy=PolicySettings.from_sections(config.policy, config.memory, config.swap),
+            policy=replace(
+                PolicySettings.from_sections(config.policy, config.memory, config.swap),
+                k0_draft_pass_skipped=config.plugin.skip_draft_pass_at_k0,
+            ),
             history_s=config.swap.history_s,
             fleet_prior=config.swap.fleet_prior,
             canary=config.canary,

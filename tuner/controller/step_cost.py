@@ -71,6 +71,7 @@ def candidate_step_costs(
     candidates: Sequence[DraftCandidate],
     target_params: int | None,
     min_steps: int,
+    drafts_at_k0: Callable[[object], bool] = method_drafts_at_k0,
 ) -> dict[str, StepCostModel]:
     """Candidate name → T(B, K) with the cells this engine measured while it ran that draft (within the
     horizon), over ``target``'s linear model with the candidate's draft pass (``beside``): the model a swap
@@ -86,7 +87,7 @@ def candidate_step_costs(
         rows = [g for g in groups if g.spec is not None and same_draft(g.spec, cand)]
         if beside is None or not rows:
             continue
-        base = beside.with_draft_pass_at_k0(method_drafts_at_k0(cand.method))
+        base = beside.with_draft_pass_at_k0(drafts_at_k0(cand.method))
         model = with_measured_cells(
             base,
             [g.batch_size for g in rows],
@@ -111,6 +112,7 @@ def step_cost_from_steps(
     pinned: StepCostModel | None = None,
     cost_ratio_of: Callable[[SpecConfig], float | None] | None = None,
     groups: Sequence[StepGroup] | None = None,
+    drafts_at_k0: Callable[[object], bool] = method_drafts_at_k0,
 ) -> tuple[StepCostModel, str, str] | None:
     """(model, note, source) for the running draft from the last ``step_cost_horizon_s`` of steps, or None when the
     steps are too few (or the plugin is not configured) and nothing is pinned. ``spec_of`` maps config
@@ -126,12 +128,14 @@ def step_cost_from_steps(
     under every draft whose cost ratio ``cost_ratio_of`` knows (``policies.step_cost.fit_target_cost``):
     the target costs the same whatever draft runs beside it.
 
-    ``groups``: the steps already read (:func:`step_groups`), else they are read here.
+    ``groups``: the steps already read (:func:`step_groups`), else they are read here. ``drafts_at_k0``:
+    whether a method's K = 0 steps run a draft pass on this engine (``PolicySettings.drafts_at_k0``: not
+    when the plugin skips it).
     """
     if groups is None:
         groups = step_groups(store, keys, spec_of, now, settings.step_cost_horizon_s)
     draft = current.draft
-    loaded = current.drafts_at_k0
+    loaded = drafts_at_k0(current.method)
     fit_rows: list[tuple[float, float, float, float, bool]] = []  # B, K, mean s, steps, draft pass at K = 0
     cell_rows: list[tuple[float, float, float, float]] = []
     # every step whose draft's cost ratio is known: B, K, mean s, steps, draft pass at K = 0, cost ratio
@@ -143,13 +147,13 @@ def step_cost_from_steps(
             cell_rows.append((b, k, mean_s, n))
             fit_rows.append((b, k, mean_s, n, loaded))
             target_rows.append((b, k, mean_s, n, loaded, cost_ratio))
-        elif k == 0 and not (spec is not None and spec.drafts_at_k0):  # no draft model ran: the target alone
+        elif k == 0 and not (spec is not None and drafts_at_k0(spec.method)):  # no draft model ran: the target alone
             fit_rows.append((b, 0.0, mean_s, n, False))
             target_rows.append((b, 0.0, mean_s, n, False, 0.0))
         elif spec is not None and cost_ratio_of is not None:
             other = cost_ratio_of(spec)
             if other is not None:
-                target_rows.append((b, k, mean_s, n, spec.drafts_at_k0, other))
+                target_rows.append((b, k, mean_s, n, drafts_at_k0(spec.method), other))
     steps = int(sum(r[3] for r in fit_rows))
     if pinned is not None:
         base, note, source = pinned, "T(B, K) pinned by [policy.step_cost]", "pinned"

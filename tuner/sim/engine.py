@@ -263,7 +263,7 @@ class SimEngine:
         # a table's K = 0 with a draft model (vLLM keeps the draft's KV cache in sync), or one pass at any
         # K ≥ 1 for a lookup (ngram, suffix: StepCostModel.lookup_proposer)
         method = None if cfg.off else self.drafts[str(cfg.draft)].method
-        loaded = method_drafts_at_k0(method)
+        loaded = method_drafts_at_k0(method) and not self.scenario.engine.skip_draft_pass_at_k0
         passes = np.where(k > 0, 1, 0) if method in FREE_METHODS else np.where((k == 0) & loaded, 1, k)
         return (
             model.fixed_s

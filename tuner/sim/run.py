@@ -432,6 +432,8 @@ def daemon_config(scenario: Scenario, engine: SimEngine, *, step_cost: bool = Fa
             _candidate(engine, d.name) for d in scenario.drafts if c.candidates is None or d.name in c.candidates
         ],
     }
+    if e.skip_draft_pass_at_k0:
+        data["plugin"] = {"skip_draft_pass_at_k0": True}
     if e.memory is not None:
         # the target's KV bytes per token, as an operator reads it from the model's config.json: with the
         # engine's cache_config_info, the KV pool that caps each config's batch

@@ -83,6 +83,12 @@ class EngineSection(_Section):
         "adds kv_read_s_per_token·B·memory.tokens_per_seq to every step; needs [engine.memory]",
     )
     step_time_cv: float = Field(default=0.02, ge=0, lt=1, description="per-window noise on the step time")
+    skip_draft_pass_at_k0: bool = Field(
+        default=False,
+        description="the spectuner plugin skips a draft model's pass in K = 0 steps ([plugin] "
+        "skip_draft_pass_at_k0): a table's K = 0 costs the target alone (the acceptance a request loses after "
+        "K = 0 steps is not modelled)",
+    )
     memory: MemorySection | None = None
     failing_configs: list[FailingConfig] = Field(default_factory=list)
 

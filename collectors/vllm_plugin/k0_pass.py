@@ -1,0 +1,94 @@
+"""Skip the draft model's pass in steps drafted at K = 0 (stdlib and vLLM only).
+
+vLLM's model-based proposers (draft_model, EAGLE, MTP: ``SpecDecodeBaseProposer``) run the draft's
+first forward at every step, K = 0 included, so that the draft's KV cache holds every token; at K = 0
+the result is thrown away and an empty draft returned. Under a per-batch-size table whose K = 0 rows
+cover a full batch, that pass is pure cost: on the lab engine at 64 streams the table's K = 0 made
+~310 tok/s against ~370 for the target alone (bench/bench_k0_pass.py). With
+``SPECTUNER_SKIP_K0_DRAFT_PASS=1`` the wrapped ``propose`` returns vLLM's own K = 0 answer (an empty
+``[batch, 0]`` tensor) without the forward.
+
+The price: the draft's KV cache misses the tokens of skipped steps, so a request that lived through
+K = 0 steps drafts worse once K > 0 again (its draft attends to stale slots). The target still
+verifies every token, so outputs are unchanged (greedy outputs were identical in the benchmark); only
+acceptance drops, for those requests, until they finish. Off by default.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import threading
+from typing import Any
+
+from collectors.vllm_plugin import env
+from collectors.vllm_plugin.features import K0_PASS_FEATURES, SKIP_K0_PASS, runtime_report
+
+log = logging.getLogger("spectuner.plugin")
+
+
+class _Counter:
+    """Passes skipped in this process (read by the control channel's ``get``)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.skipped = 0
+
+    def add(self) -> None:
+        with self._lock:
+            self.skipped += 1
+
+
+SKIPPED = _Counter()
+_state: dict[str, str] = {"k0_draft_pass": "runs"}
+
+
+def state() -> dict[str, Any]:
+    """``k0_draft_pass``: "skipped" when installed, "runs" otherwise (with ``k0_skip_reason`` when asked
+    for and unavailable); ``k0_passes_skipped``: K = 0 steps that skipped the pass in this process."""
+    return {**_state, "k0_passes_skipped": SKIPPED.skipped}
+
+
+def install(environ: dict[str, str] | None = None) -> bool:
+    """Wrap the proposer when ``SPECTUNER_SKIP_K0_DRAFT_PASS`` says so and this vLLM has what the wrapper
+    needs. Returns whether the pass is now skipped. Never raises: the engine must come up regardless."""
+    if not env.env_flag(env.SKIP_K0_DRAFT_PASS, environ):
+        return False
+    report = runtime_report(K0_PASS_FEATURES)
+    if not report.ok(SKIP_K0_PASS.name):
+        _state["k0_skip_reason"] = report.reason(SKIP_K0_PASS.name)
+        log.warning("spectuner plugin: the draft's pass at K = 0 still runs: %s", _state["k0_skip_reason"])
+        return False
+    try:
+        import torch
+        from vllm.v1.spec_decode import llm_base_proposer
+
+        cls = llm_base_proposer.SpecDecodeBaseProposer
+        if getattr(cls.propose, "_spectuner_k0", False):
+            _state["k0_draft_pass"] = "skipped"
+            return True
+        original = cls.propose
+        signature = inspect.signature(original)
+
+        def propose(self: Any, num_speculative_tokens: int, target_token_ids: Any, *args: Any, **kwargs: Any) -> Any:
+            if num_speculative_tokens != 0:
+                return original(self, num_speculative_tokens, target_token_ids, *args, **kwargs)
+            # vLLM's own K = 0 answer, minus the forward: the state propose() leaves behind, then [batch, 0]
+            self.num_speculative_tokens = 0
+            self._last_draft_probs = None
+            cad = kwargs.get("common_attn_metadata")
+            if cad is None:  # passed by position (vLLM passes it by keyword)
+                bound = signature.bind(self, num_speculative_tokens, target_token_ids, *args, **kwargs)
+                cad = bound.arguments["common_attn_metadata"]
+            SKIPPED.add()
+            return torch.empty(cad.batch_size(), 0, device=target_token_ids.device, dtype=torch.int64)
+
+        propose._spectuner_k0 = True  # type: ignore[attr-defined]
+        cls.propose = propose
+    except Exception as exc:  # a wrapper that cannot go in leaves vLLM's behaviour alone
+        _state["k0_skip_reason"] = f"could not wrap the proposer ({type(exc).__name__}: {exc})"
+        log.warning("spectuner plugin: the draft's pass at K = 0 still runs: %s", _state["k0_skip_reason"])
+        return False
+    _state["k0_draft_pass"] = "skipped"
+    log.info("spectuner plugin: K = 0 steps skip the draft model's pass (%s=1)", env.SKIP_K0_DRAFT_PASS)
+    return True
