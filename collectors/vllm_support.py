@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from collectors import exposition as ex
-from collectors.vllm_plugin.features import PLUGIN_FEATURES, Feature, Requirement
+from collectors.vllm_plugin.features import K0_PASS_FEATURES, PLUGIN_FEATURES, Feature, Requirement
 
 _LOGGERS = "vllm.v1.metrics.loggers"
 _SPEC_METRICS = "vllm.v1.spec_decode.metrics"
@@ -124,7 +124,13 @@ def _method(name: str) -> Feature:
 COLLECTOR_FEATURES = (PROM_SPEC, PROM_PER_POS, PROM_LOAD, PROM_LATENCY, REQUEST_METRICS, REQUEST_PER_STEP)
 ENGINE_NOTES = (K_TABLE_COUNTS_PREFILLS, K_TABLE_CUDA_GRAPHS, K_TABLE_V1_METHOD_GATE, V2_SKIPS_DRAFTS)
 METHOD_FEATURES = tuple(_method(m) for m in METHODS)
-ALL_FEATURES: tuple[Feature, ...] = (*PLUGIN_FEATURES, *COLLECTOR_FEATURES, *ENGINE_NOTES, *METHOD_FEATURES)
+ALL_FEATURES: tuple[Feature, ...] = (
+    *PLUGIN_FEATURES,
+    *K0_PASS_FEATURES,
+    *COLLECTOR_FEATURES,
+    *ENGINE_NOTES,
+    *METHOD_FEATURES,
+)
 
 
 @dataclass(frozen=True)

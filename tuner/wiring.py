@@ -128,6 +128,7 @@ def build_actuator(config: SpectunerConfig, feed: StepFeed | None = None, kind: 
             k_max=a.live.k_max or config.policy.k_max,
             verify_timeout_s=a.live.verify_timeout_s,
             min_evidence_steps=a.live.min_evidence_steps,
+            k0_pass_skipped=config.plugin.skip_draft_pass_at_k0,
         )
     if kind == "restart" and a.restart is not None:
         # [actuator] strategy: plain restart, or drain-and-hold / blue-green behind the front door.

@@ -141,6 +141,7 @@ class LiveK:
     def state(self) -> ControlState:
         lookup = getattr(self.scheduler, "dynamic_sd_lookup", None)
         table = lookup_to_table(list(lookup)) if isinstance(lookup, list) else []
+        k0 = k0_pass.state()
         return ControlState(
             supported=not self.reason,
             reason=self.reason,
@@ -154,8 +155,9 @@ class LiveK:
             refused=self.refused,
             engine_index=self.engine_index,
             features=self.features.flags(),
-            k0_draft_pass=str(k0_pass.state()["k0_draft_pass"]),
-            k0_passes_skipped=int(k0_pass.state()["k0_passes_skipped"]),
+            k0_draft_pass=str(k0.get("k0_draft_pass", "runs")),
+            k0_passes_skipped=int(k0.get("k0_passes_skipped", 0)),
+            k0_passes_run=int(k0.get("k0_passes_run", 0)),
         )
 
     def check_table(self, table: Any) -> list[list[int]]:

@@ -202,7 +202,8 @@ LIVE_K = Feature(
 
 SKIP_K0_PASS = Feature(
     "skip_k0_draft_pass",
-    "a K = 0 step returns no drafts without the draft model's pass (SpecDecodeBaseProposer.propose wrapped)",
+    "a decode-only K = 0 step returns no drafts without the draft model's pass (SpecDecodeBaseProposer.propose "
+    "wrapped)",
     (
         Requirement("class", _PROPOSER, "SpecDecodeBaseProposer"),
         Requirement(
@@ -212,6 +213,8 @@ SKIP_K0_PASS = Feature(
             "propose",
             names=("num_speculative_tokens", "target_token_ids", "common_attn_metadata"),
         ),
+        # a step with a prompt in it keeps the pass: read from the step's attention metadata
+        Requirement("attrs", "vllm.v1.attention.backend", "CommonAttentionMetadata", names=("max_query_len",)),
     ),
 )
 

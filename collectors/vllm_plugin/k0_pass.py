@@ -1,4 +1,4 @@
-"""Skip the draft model's pass in steps drafted at K = 0 (stdlib and vLLM only).
+"""Skip the draft model's pass in decode-only steps drafted at K = 0 (stdlib and vLLM only).
 
 vLLM's model-based proposers (draft_model, EAGLE, MTP: ``SpecDecodeBaseProposer``) run the draft's
 first forward at every step, K = 0 included, so that the draft's KV cache holds every token; at K = 0
@@ -6,12 +6,18 @@ the result is thrown away and an empty draft returned. Under a per-batch-size ta
 cover a full batch, that pass is pure cost: on the lab engine at 64 streams the table's K = 0 made
 ~310 tok/s against ~370 for the target alone (bench/bench_k0_pass.py). With
 ``SPECTUNER_SKIP_K0_DRAFT_PASS=1`` the wrapped ``propose`` returns vLLM's own K = 0 answer (an empty
-``[batch, 0]`` tensor) without the forward.
+``[batch, 0]`` tensor) without the forward — in steps where every request scores one token.
 
-The price: the draft's KV cache misses the tokens of skipped steps, so a request that lived through
-K = 0 steps drafts worse once K > 0 again (its draft attends to stale slots). The target still
-verifies every token, so outputs are unchanged (greedy outputs were identical in the benchmark); only
-acceptance drops, for those requests, until they finish. Off by default.
+A step with more than one token for some request (a prompt or a chunk of one; tokens drafted by the
+step before, being verified) still runs the pass. Why: prompts are what prefix caching shares between
+requests. A prompt block whose draft KV was never written would be reused with holes by every later
+request with that prefix (a shared system prompt) for as long as it stays cached.
+
+The price that remains: the draft's cache misses the tokens *generated* in skipped steps, so a request
+that lived through them drafts worse once K > 0 again (its draft attends to stale slots), and so does a
+later request that reuses those blocks from the prefix cache (a multi-turn chat resending an answer).
+The target still verifies every token, so outputs are unchanged (greedy outputs were identical in the
+benchmark); only acceptance drops, for those requests. Off by default.
 """
 
 from __future__ import annotations
@@ -28,25 +34,27 @@ log = logging.getLogger("spectuner.plugin")
 
 
 class _Counter:
-    """Passes skipped in this process (read by the control channel's ``get``)."""
+    """K = 0 passes in this process (read by the control channel's ``get``)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self.skipped = 0
+        self.count = 0
 
     def add(self) -> None:
         with self._lock:
-            self.skipped += 1
+            self.count += 1
 
 
-SKIPPED = _Counter()
+SKIPPED = _Counter()  # decode-only K = 0 steps: no draft pass
+RAN = _Counter()  # K = 0 steps with a prompt (or verified drafts) in them: the pass ran
 _state: dict[str, str] = {"k0_draft_pass": "runs"}
 
 
 def state() -> dict[str, Any]:
     """``k0_draft_pass``: "skipped" when installed, "runs" otherwise (with ``k0_skip_reason`` when asked
-    for and unavailable); ``k0_passes_skipped``: K = 0 steps that skipped the pass in this process."""
-    return {**_state, "k0_passes_skipped": SKIPPED.skipped}
+    for and unavailable); ``k0_passes_skipped``: decode-only K = 0 steps that skipped the pass in this
+    process; ``k0_passes_run``: K = 0 steps that ran it while installed (a prompt in the step)."""
+    return {**_state, "k0_passes_skipped": SKIPPED.count, "k0_passes_run": RAN.count}
 
 
 def install(environ: dict[str, str] | None = None) -> bool:
@@ -73,13 +81,16 @@ def install(environ: dict[str, str] | None = None) -> bool:
         def propose(self: Any, num_speculative_tokens: int, target_token_ids: Any, *args: Any, **kwargs: Any) -> Any:
             if num_speculative_tokens != 0:
                 return original(self, num_speculative_tokens, target_token_ids, *args, **kwargs)
+            cad = kwargs.get("common_attn_metadata")
+            if cad is None:  # passed by position (vLLM passes it by keyword)
+                bound = signature.bind_partial(self, num_speculative_tokens, target_token_ids, *args, **kwargs)
+                cad = bound.arguments["common_attn_metadata"]
+            if getattr(cad, "max_query_len", 2) > 1:  # a prompt (or verified drafts) in the step: keep the cache whole
+                RAN.add()
+                return original(self, num_speculative_tokens, target_token_ids, *args, **kwargs)
             # vLLM's own K = 0 answer, minus the forward: the state propose() leaves behind, then [batch, 0]
             self.num_speculative_tokens = 0
             self._last_draft_probs = None
-            cad = kwargs.get("common_attn_metadata")
-            if cad is None:  # passed by position (vLLM passes it by keyword)
-                bound = signature.bind(self, num_speculative_tokens, target_token_ids, *args, **kwargs)
-                cad = bound.arguments["common_attn_metadata"]
             SKIPPED.add()
             return torch.empty(cad.batch_size(), 0, device=target_token_ids.device, dtype=torch.int64)
 

@@ -86,10 +86,12 @@ class ControlState:
     # The plugin's detected features (collectors.vllm_plugin.features names → present); {} from an
     # older plugin. "k_table" False: the engine cannot take num_speculative_tokens_per_batch_size.
     features: dict[str, bool] = field(default_factory=dict)
-    # "skipped": K = 0 steps skip the draft model's pass (SPECTUNER_SKIP_K0_DRAFT_PASS, collectors.vllm_plugin.
-    # k0_pass); "runs": vLLM's own behaviour. k0_passes_skipped counts the skipped passes.
+    # "skipped": decode-only K = 0 steps skip the draft model's pass (SPECTUNER_SKIP_K0_DRAFT_PASS,
+    # collectors.vllm_plugin.k0_pass); "runs": vLLM's own behaviour. k0_passes_skipped counts the skipped
+    # passes, k0_passes_run the K = 0 steps that kept it (a prompt in the step).
     k0_draft_pass: str = "runs"
     k0_passes_skipped: int = 0
+    k0_passes_run: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

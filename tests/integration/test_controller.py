@@ -639,6 +639,40 @@ def test_cells_this_engine_measured_overrule_a_pinned_model(world: tuple[Store, 
     assert K8 not in act.applied
 
 
+def test_an_engine_that_skips_the_draft_pass_at_k0_is_fitted_and_priced_as_such(
+    world: tuple[Store, FakeClock, FakeActuator],
+) -> None:
+    """A draft_model engine whose plugin skips the draft's pass in K = 0 steps ([plugin]
+    skip_draft_pass_at_k0): its K = 0 steps cost the target alone. Read with the skip, the fit recovers the
+    draft's cost and the model prices a table's K = 0 as plain decoding; read as vLLM's own behaviour (a pass
+    at K = 0), the same steps give a different model that charges K = 0 a pass it never ran."""
+    store, _, _ = world
+    current = store.current_config(KEY)
+    assert current is not None
+    truth = StepCostModel.from_cost_ratio(0.2, target_step_s=0.01, per_token_s=0.001)  # no pass at K = 0
+    for i, k in enumerate((0, 2, 5)):
+        write_steps(store, T0 + timedelta(seconds=10 * i), k=k, step_s=lambda b, k=k: truth.step_time_s(b, k),
+                    config_id=current.id)
+    now = T0 + timedelta(seconds=60)
+    specs = config_specs(store, [KEY], now, 86400)
+    section = SETTINGS.policy.policy.model_copy(update={"step_cost_cell_min_steps": 10**6})  # the fit alone, no cells
+    skipping = replace(SETTINGS.policy, k0_draft_pass_skipped=True)
+    assert not skipping.drafts_at_k0("draft_model") and SETTINGS.policy.drafts_at_k0("draft_model")
+    assert not SETTINGS.policy.drafts_at_k0("ngram")
+    fitted = step_cost_from_steps(
+        store, [KEY], current.config.spec, specs, now, section, 0.2, drafts_at_k0=skipping.drafts_at_k0
+    )
+    assert fitted is not None
+    model = fitted[0]
+    assert model.draft_pass_at_k0 is False
+    for b in (1, 4, 8):
+        assert model.step_time_s(b, 0) == pytest.approx(truth.plain_step_time_s(b), rel=0.03)
+        assert model.step_time_s(b, 5) == pytest.approx(truth.step_time_s(b, 5), rel=0.03)
+    stock = step_cost_from_steps(store, [KEY], current.config.spec, specs, now, section, 0.2)
+    assert stock is not None and stock[0].draft_pass_at_k0 is True
+    assert stock[0].step_time_s(8, 0) > 1.05 * truth.step_time_s(8, 0)  # a pass the engine never ran
+
+
 def test_load_profile_is_topped_up_without_double_counting(db_url: str) -> None:
     with Store(db_url) as store:
         store.record_config(KEY, config_record(K2, T0, AppliedBy.STARTUP))

@@ -257,6 +257,26 @@ def test_k_changes_go_live_and_are_verified_in_the_stream(rig: tuple[Any, StepFe
     assert fallback.applied == []
 
 
+def test_an_engine_that_contradicts_the_k0_pass_setting_is_named_once(
+    rig: tuple[Any, StepFeed, LiveActuator, Recording], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The engine reports whether its K = 0 steps skip the draft's pass; ``[plugin] skip_draft_pass_at_k0``
+    says what the controller prices. When they disagree the live actuator says so, once per engine process,
+    and still applies the change."""
+    _, _, act, _ = rig
+    state = act.control.get()
+    assert state.k0_draft_pass == "runs" and state.k0_passes_skipped == 0  # this process's vLLM is not wrapped
+    act.k0_pass_skipped = False
+    act.plan({**DRAFT, "num_speculative_tokens": 2})
+    assert "skip_draft_pass_at_k0" not in caplog.text
+    act.k0_pass_skipped = True
+    for k in (2, 3):
+        table, _, why = act.plan({**DRAFT, "num_speculative_tokens": k})
+        assert table is not None, why
+    named = [r for r in caplog.records if "skip_draft_pass_at_k0 is true" in r.getMessage()]
+    assert len(named) == 1 and "SPECTUNER_SKIP_K0_DRAFT_PASS=1" in named[0].getMessage()
+
+
 def test_idle_engine_is_confirmed_by_read_back(rig: tuple[Any, StepFeed, LiveActuator, Recording]) -> None:
     sched, _, act, fallback = rig
     act.verify_timeout_s = 0.3

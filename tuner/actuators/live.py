@@ -93,6 +93,7 @@ class LiveActuator(Actuator):
         verify_timeout_s: float = 5.0,
         min_evidence_steps: int = 2,
         zero_k_evidence_steps: int = 3,
+        k0_pass_skipped: bool | None = None,
     ) -> None:
         super().__init__()
         if verify_timeout_s <= 0:
@@ -115,6 +116,33 @@ class LiveActuator(Actuator):
         # The plugin's detected features from the engine's last answer (ControlState.features): when its
         # vLLM lacks live K's internals, restarts start exactly the requested config (no K_max + table).
         self._engine_features: dict[str, bool] = {}
+        # ``[plugin] skip_draft_pass_at_k0`` as configured (None: not checked). The controller prices a table's
+        # K = 0 on the config's word; an engine that says otherwise is named once per engine process.
+        self.k0_pass_skipped = k0_pass_skipped
+        self._k0_mismatch_named: set[int] = set()
+
+    def _check_k0_pass(self, state: ControlState) -> None:
+        if self.k0_pass_skipped is None or state.pid in self._k0_mismatch_named:
+            return
+        if (state.k0_draft_pass == "skipped") == self.k0_pass_skipped:
+            return
+        self._k0_mismatch_named.add(state.pid)
+        if self.k0_pass_skipped:
+            log.warning(
+                "live actuator: [plugin] skip_draft_pass_at_k0 is true but the engine (pid %d) runs the draft's pass "
+                "at K = 0, so a K table's K = 0 rows cost more than the controller thinks; start the engine with "
+                "%s=1 (the daemon does when it starts the engine) or set the key to false",
+                state.pid,
+                plugin_vars.SKIP_K0_DRAFT_PASS,
+            )
+        else:
+            log.warning(
+                "live actuator: the engine (pid %d) skips the draft's pass at K = 0 (%s) but [plugin] "
+                "skip_draft_pass_at_k0 is false, so the controller overprices a K table's K = 0 rows; set the key "
+                "to true",
+                state.pid,
+                plugin_vars.SKIP_K0_DRAFT_PASS,
+            )
 
     # -- planning --------------------------------------------------------------------------------
     def plan(self, config: VllmSpec) -> tuple[list[list[int]] | None, ControlState | None, str]:
@@ -136,6 +164,7 @@ class LiveActuator(Actuator):
         except ControlError as exc:
             return None, None, f"control channel: {exc}"
         self._engine_features = dict(state.features)
+        self._check_k0_pass(state)
         if not state.supported:
             return None, state, f"live K unsupported by the engine: {state.reason}"
         if state.pid in self._not_live:

@@ -15,7 +15,7 @@ from tuner.actuators.restart import RestartActuator
 from tuner.config import ConfigError, parse_config
 from tuner.store.schema import upgrade
 from tuner.store.store import Store
-from tuner.wiring import DaemonStartError, build_actuator, build_step_ingest, draft_candidates
+from tuner.wiring import DaemonStartError, build_actuator, build_step_ingest, controller_settings, draft_candidates
 
 
 class ListSink:
@@ -88,6 +88,30 @@ def test_daemon_builds_live_over_restart_with_the_plugin_env(tmp_path: Path) -> 
     # The same token on the next start (the engine may still hold the file).
     again = build_actuator(cfg, feed)
     assert isinstance(again, LiveActuator) and again.control.token == act.control.token
+
+
+def test_skipping_the_draft_pass_at_k0_reaches_the_engine_and_the_controller(tmp_path: Path) -> None:
+    """``[plugin] skip_draft_pass_at_k0``: the engine the daemon starts gets the plugin's switch, with or
+    without the ingest and the control channel, and the controller prices a draft model's K = 0 without
+    its pass. Unset, neither changes."""
+    plugin = {**base()["plugin"], "skip_draft_pass_at_k0": True}
+    cfg = parse_config(base(plugin=plugin), base_dir=tmp_path)
+    act = build_actuator(cfg, StepFeed())
+    assert isinstance(act, LiveActuator) and isinstance(act.fallback, RestartActuator)
+    assert act.fallback.env[env.SKIP_K0_DRAFT_PASS] == "1"
+    assert not controller_settings(cfg).policy.drafts_at_k0("draft_model")
+    restart = {"kind": "restart", "restart": {"argv": ["vllm"]}}
+    restart_only = base(plugin={"skip_draft_pass_at_k0": True}, actuator=restart)
+    act = build_actuator(parse_config(restart_only, base_dir=tmp_path))
+    assert isinstance(act, RestartActuator) and act.env == {env.SKIP_K0_DRAFT_PASS: "1"}
+    stock = parse_config(base(), base_dir=tmp_path)
+    assert controller_settings(stock).policy.drafts_at_k0("draft_model")
+    stock_act = build_actuator(stock, StepFeed())
+    assert isinstance(stock_act, LiveActuator) and isinstance(stock_act.fallback, RestartActuator)
+    assert env.SKIP_K0_DRAFT_PASS not in stock_act.fallback.env
+    assert env.env_flag(env.SKIP_K0_DRAFT_PASS, {env.SKIP_K0_DRAFT_PASS: "True"})
+    assert not env.env_flag(env.SKIP_K0_DRAFT_PASS, {env.SKIP_K0_DRAFT_PASS: "0"})
+    assert not env.env_flag(env.SKIP_K0_DRAFT_PASS, {})
 
 
 def test_engine_managed_elsewhere_needs_an_existing_token_for_control_only(tmp_path: Path) -> None:

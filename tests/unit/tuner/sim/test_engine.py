@@ -14,6 +14,7 @@ from policies.counters import SpecCounters
 from policies.memory import DraftFootprint, KvCapacity
 from policies.speedup import expected_tokens_per_step
 from tuner.sim.engine import OFF, SimConfig, SimEngine
+from tuner.sim.run import daemon_config
 from tuner.sim.scenario import ScenarioError, load_scenario, parse_scenario
 
 SCENARIOS = Path(__file__).resolve().parents[4] / "bench" / "scenarios"
@@ -102,6 +103,22 @@ def test_a_tables_k0_runs_the_draft_models_pass_but_not_ngrams() -> None:
     assert engine.step_time_s(SimConfig("d", 3, table), b)[0] == pytest.approx(target * 1.08)  # one draft pass
     assert engine.step_time_s(SimConfig("n", 3, table), b)[0] == pytest.approx(target)
     assert engine.step_time_s(OFF, b)[0] == pytest.approx(target)
+
+
+def test_an_engine_that_skips_the_k0_pass_runs_a_tables_k0_as_plain_decoding() -> None:
+    """``[engine] skip_draft_pass_at_k0`` (the plugin's skip): a table's K = 0 costs the target alone, its
+    K > 0 rows what they cost before; the controller the simulator builds is told so ([plugin])."""
+    data = scenario_data(engine={**scenario_data()["engine"], "skip_draft_pass_at_k0": True})
+    engine = SimEngine(parse_scenario(data))
+    table = ((1, 4, 3), (5, 16, 0))
+    at_8, at_2 = np.array([8.0]), np.array([2.0])
+    assert engine.step_time_s(SimConfig("d", 3, table), at_8)[0] == pytest.approx(engine.step_time_s(OFF, at_8)[0])
+    assert engine.step_time_s(SimConfig("d", 3, table), at_2)[0] == pytest.approx(
+        engine_of().step_time_s(SimConfig("d", 3, table), at_2)[0]
+    )
+    config = daemon_config(engine.scenario, engine)
+    assert config.plugin.skip_draft_pass_at_k0
+    assert not daemon_config(engine_of().scenario, engine_of()).plugin.skip_draft_pass_at_k0
 
 
 def test_a_lookup_drafts_in_one_pass_and_only_at_its_share_of_the_steps() -> None:

@@ -1,0 +1,99 @@
+"""K = 0 steps without the draft model's pass, inside a real lab engine (CPU).
+
+One engine for the module: the good draft at K_max = 3 behind a per-batch-size table, the plugin's
+control channel and step stream on, and ``SPECTUNER_SKIP_K0_DRAFT_PASS=1`` (what ``[plugin]
+skip_draft_pass_at_k0`` sets). Checks that the engine says it skips, that K = 0 steps really skip (the
+plugin's count grows, the steps carry no drafts), and — the price of skipping — that requests which lived
+through K = 0 steps and then drafted from a draft KV cache with holes still return exactly the greedy text
+of plain decoding, with no client error, and that the draft still gets tokens accepted for them.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from collectors.vllm_plugin import env
+from collectors.vllm_plugin.client import ControlClient
+from tests.live.conftest import MODELS_DIR
+from tests.live.test_plugin_live import Rig, plugin_rig, settle
+from tuner.lab.load import LoadResult, run_load
+from tuner.lab.models import Manifest
+from tuner.lab.prompts import HARD, PREDICTABLE
+from tuner.lab.serve import LabServer
+
+K_MAX = 3
+PROMPTS = [*PREDICTABLE[:3], HARD[0]]
+TOKENS = 160
+
+
+@pytest.fixture(scope="module")
+def rig(lab_models: Manifest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
+    work = tmp_path_factory.mktemp("k0-pass")
+    server = LabServer(
+        draft="good",
+        k=K_MAX,
+        per_batch_size=[[1, 16, K_MAX]],
+        models_dir=MODELS_DIR,
+        workdir=work / "engine",
+        extra_env={env.SKIP_K0_DRAFT_PASS: "1"},
+    )
+    with plugin_rig(server, work) as r:
+        yield r
+
+
+def all_at_once(rig: Rig) -> LoadResult:
+    """Every prompt at once (batch 4), greedy, ``TOKENS`` tokens each."""
+    server = rig.server
+    return run_load(
+        server.base_url, server.model_name, PROMPTS, concurrency=len(PROMPTS), count=len(PROMPTS), max_tokens=TOKENS
+    )
+
+
+def texts(result: LoadResult) -> list[str]:
+    assert result.errors == 0
+    by_prompt = {r.prompt: r.text for r in result.requests}
+    return [by_prompt[p] for p in PROMPTS]
+
+
+def test_k0_steps_skip_the_pass_and_requests_that_lived_through_them_keep_their_text(rig: Rig) -> None:
+    control = ControlClient(rig.control_addr, rig.token)
+    state = control.get()
+    assert state.supported, state.reason
+    assert state.k0_draft_pass == "skipped" and state.features.get("k_table")
+
+    # Plain decoding: K = 0 at every batch size. Each of its steps skips the draft's pass.
+    control.set_table([[1, 16, 0]])
+    mark = time.time()
+    reference = texts(all_at_once(rig))
+    settle(rig, quiet_s=1.0)
+    plain = [s for s in rig.store.steps(rig.key) if s.ts.timestamp() > mark]
+    assert plain and not any(s.spec.drafts for s in plain)
+    skipped = control.get().k0_passes_skipped
+    assert skipped >= len(plain) // 2  # the stream holds the decode steps; prefill steps skip too
+
+    # The same requests, started at K = 0 (prompt and first tokens never reach the draft's cache), switched
+    # to K = 3 while they run: they draft from here on against the holes.
+    before_steps = rig.ingest.stats.accepted
+    result: list[LoadResult] = []
+    load = threading.Thread(target=lambda: result.append(all_at_once(rig)), daemon=True)
+    load.start()
+    deadline = time.monotonic() + 120
+    while rig.ingest.stats.accepted < before_steps + 10 and load.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.05)  # ten or more decode steps at K = 0 first
+    switched_at = time.time()
+    control.set_table([[1, 16, K_MAX]])
+    load.join(180)
+    assert not load.is_alive() and result
+    assert texts(result[0]) == reference  # the target verifies every token: a stale draft cache changes no text
+    settle(rig, quiet_s=1.0)
+    after = [s for s in rig.store.steps(rig.key) if s.ts.timestamp() > switched_at + 0.5]
+    drafted = sum(s.spec.draft_tokens for s in after)
+    accepted = sum(s.spec.accepted_tokens for s in after)
+    assert drafted > 0, "no step drafted after the switch to K = 3 (the requests ended first?)"
+    assert accepted > 0  # the draft still works for requests whose early tokens it never saw
+    assert control.get().k0_passes_skipped > skipped
+    assert rig.server.alive()

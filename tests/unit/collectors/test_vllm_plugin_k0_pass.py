@@ -1,0 +1,83 @@
+"""The plugin's K = 0 wrapper around vLLM's proposer (collectors/vllm_plugin/k0_pass.py), in this process's
+vLLM. The engine itself is exercised in tests/live/test_k0_pass_live.py; here: off unless asked, what a
+decode-only K = 0 call returns without the forward, and that other K and steps with a prompt in them
+reach vLLM's own code."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+
+from collectors.vllm_plugin import env, k0_pass
+
+
+@pytest.fixture
+def proposer_class() -> Iterator[Any]:
+    from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
+
+    original = SpecDecodeBaseProposer.propose
+    state = dict(k0_pass._state)
+    try:
+        yield SpecDecodeBaseProposer
+    finally:
+        SpecDecodeBaseProposer.propose = original
+        k0_pass._state.clear()
+        k0_pass._state.update(state)
+
+
+class Metadata:
+    """What the wrapper reads of vLLM's CommonAttentionMetadata: the batch size and the longest query."""
+
+    def __init__(self, batch_size: int, max_query_len: int = 1) -> None:
+        self._b = batch_size
+        self.max_query_len = max_query_len
+
+    def batch_size(self) -> int:
+        return self._b
+
+
+def test_off_unless_the_variable_says_so(proposer_class: Any) -> None:
+    before = proposer_class.propose
+    for value in ("", "0", "no"):
+        assert k0_pass.install({env.SKIP_K0_DRAFT_PASS: value}) is False
+    assert proposer_class.propose is before
+    assert k0_pass.state()["k0_draft_pass"] == "runs"
+
+
+def test_k0_returns_an_empty_draft_without_the_forward_and_other_k_reach_vllm(proposer_class: Any) -> None:
+    calls: list[int] = []
+
+    @functools.wraps(proposer_class.propose)  # vLLM's signature, which the wrapper binds positional calls to
+    def vllm_propose(self: Any, num_speculative_tokens: int, target_token_ids: Any, *args: Any, **kw: Any) -> str:
+        calls.append(num_speculative_tokens)
+        return "vllm"
+
+    proposer_class.propose = vllm_propose  # stands in for vLLM's forward, which needs a loaded draft model
+    assert k0_pass.install({env.SKIP_K0_DRAFT_PASS: "1"}) is True
+    assert k0_pass.install({env.SKIP_K0_DRAFT_PASS: "1"}) is True  # a second register() wraps nothing twice
+    proposer = object.__new__(proposer_class)
+    ids = torch.zeros(7, dtype=torch.int64)
+    skipped = k0_pass.state()["k0_passes_skipped"]
+    out = proposer.propose(num_speculative_tokens=0, target_token_ids=ids, common_attn_metadata=Metadata(3))
+    assert isinstance(out, torch.Tensor) and tuple(out.shape) == (3, 0) and out.dtype == torch.int64
+    assert proposer.num_speculative_tokens == 0 and proposer._last_draft_probs is None
+    # vLLM passes it by keyword; by position it is the seventh argument after self
+    positional = proposer.propose(0, ids, None, None, None, None, Metadata(5))
+    assert tuple(positional.shape) == (5, 0)
+    assert calls == []
+    assert proposer.propose(num_speculative_tokens=2, target_token_ids=ids, common_attn_metadata=Metadata(3)) == "vllm"
+    assert calls == [2]
+    # a prompt (or a chunk of one) in the step: the draft must see it, K = 0 or not
+    ran = k0_pass.state()["k0_passes_run"]
+    prefill = Metadata(3, max_query_len=17)
+    assert proposer.propose(num_speculative_tokens=0, target_token_ids=ids, common_attn_metadata=prefill) == "vllm"
+    assert calls == [2, 0]
+    assert k0_pass.state() == {
+        "k0_draft_pass": "skipped",
+        "k0_passes_skipped": skipped + 2,
+        "k0_passes_run": ran + 1,
+    }
