@@ -78,21 +78,34 @@ def install(environ: dict[str, str] | None = None) -> bool:
         original = cls.propose
         signature = inspect.signature(original)
 
-        def propose(self: Any, num_speculative_tokens: int, target_token_ids: Any, *args: Any, **kwargs: Any) -> Any:
-            if num_speculative_tokens != 0:
-                return original(self, num_speculative_tokens, target_token_ids, *args, **kwargs)
+        def skipped(self: Any, num_speculative_tokens: int, target_token_ids: Any, args: Any, kwargs: Any) -> Any:
+            """vLLM's own K = 0 answer without the forward, or None when the pass must run."""
             cad = kwargs.get("common_attn_metadata")
             if cad is None:  # passed by position (vLLM passes it by keyword)
                 bound = signature.bind_partial(self, num_speculative_tokens, target_token_ids, *args, **kwargs)
                 cad = bound.arguments["common_attn_metadata"]
             if getattr(cad, "max_query_len", 2) > 1:  # a prompt (or verified drafts) in the step: keep the cache whole
                 RAN.add()
-                return original(self, num_speculative_tokens, target_token_ids, *args, **kwargs)
-            # vLLM's own K = 0 answer, minus the forward: the state propose() leaves behind, then [batch, 0]
+                return None
+            empty = torch.empty(cad.batch_size(), 0, device=target_token_ids.device, dtype=torch.int64)
+            # the state vLLM's propose() leaves behind at K = 0
             self.num_speculative_tokens = 0
             self._last_draft_probs = None
             SKIPPED.add()
-            return torch.empty(cad.batch_size(), 0, device=target_token_ids.device, dtype=torch.int64)
+            return empty
+
+        def propose(self: Any, num_speculative_tokens: int, target_token_ids: Any, *args: Any, **kwargs: Any) -> Any:
+            if num_speculative_tokens == 0:
+                try:
+                    empty = skipped(self, num_speculative_tokens, target_token_ids, args, kwargs)
+                except Exception:  # never fail an engine step over a skip: run vLLM's own pass instead
+                    if not _state.get("k0_skip_failed"):
+                        _state["k0_skip_failed"] = "yes"
+                        log.exception("spectuner plugin: could not skip a K = 0 draft pass; vLLM's pass runs")
+                    empty = None
+                if empty is not None:
+                    return empty
+            return original(self, num_speculative_tokens, target_token_ids, *args, **kwargs)
 
         propose._spectuner_k0 = True  # type: ignore[attr-defined]
         cls.propose = propose

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -81,3 +82,7 @@ def test_k0_returns_an_empty_draft_without_the_forward_and_other_k_reach_vllm(pr
         "k0_passes_skipped": skipped + 2,
         "k0_passes_run": ran + 1,
     }
+    # anything unexpected in the step's metadata: vLLM's own pass runs, the step does not fail
+    odd = SimpleNamespace(max_query_len=1)  # no batch_size()
+    assert proposer.propose(num_speculative_tokens=0, target_token_ids=ids, common_attn_metadata=odd) == "vllm"
+    assert calls == [2, 0, 0] and k0_pass.state()["k0_skip_failed"] == "yes"
