@@ -254,6 +254,17 @@ class SimEngine:
             return f"{cfg.label}: out of memory at start (the draft's weights and KV do not fit)"
         return None
 
+    def k0_passes(self, method: str | None, batch: NDArray[np.float64]) -> NDArray[np.float64]:
+        """Draft passes a K = 0 step runs on average: 1 for a draft model (vLLM keeps its KV cache whole), 0
+        for a lookup or no draft. With the plugin's skip (``skip_draft_pass_at_k0``) only steps with a prompt
+        in them keep the pass: a closed loop of B sequences making one token a step each starts B /
+        output_tokens requests a step, so a share 1 − exp(−B / output_tokens) of the steps holds one."""
+        if not method_drafts_at_k0(method):
+            return np.zeros_like(batch)
+        if not self.scenario.engine.skip_draft_pass_at_k0:
+            return np.ones_like(batch)
+        return 1.0 - np.exp(-batch / self.scenario.load.output_tokens)
+
     def step_time_s(self, cfg: SimConfig, batch: ArrayLike) -> NDArray[np.float64]:
         model = self.target_cost if cfg.off else self.cost[str(cfg.draft)]
         b = np.asarray(batch, dtype=float)
@@ -263,8 +274,9 @@ class SimEngine:
         # a table's K = 0 with a draft model (vLLM keeps the draft's KV cache in sync), or one pass at any
         # K ≥ 1 for a lookup (ngram, suffix: StepCostModel.lookup_proposer)
         method = None if cfg.off else self.drafts[str(cfg.draft)].method
-        loaded = method_drafts_at_k0(method) and not self.scenario.engine.skip_draft_pass_at_k0
-        passes = np.where(k > 0, 1, 0) if method in FREE_METHODS else np.where((k == 0) & loaded, 1, k)
+        passes: NDArray[np.float64] = (
+            np.where(k > 0, 1.0, 0.0) if method in FREE_METHODS else np.where(k == 0, self.k0_passes(method, b), k)
+        )
         return (
             model.fixed_s
             + model.per_token_s * np.maximum(b * (1 + self.share(cfg) * k) - self.scenario.engine.free_tokens, 0.0)

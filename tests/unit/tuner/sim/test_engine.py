@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -105,14 +106,20 @@ def test_a_tables_k0_runs_the_draft_models_pass_but_not_ngrams() -> None:
     assert engine.step_time_s(OFF, b)[0] == pytest.approx(target)
 
 
-def test_an_engine_that_skips_the_k0_pass_runs_a_tables_k0_as_plain_decoding() -> None:
-    """``[engine] skip_draft_pass_at_k0`` (the plugin's skip): a table's K = 0 costs the target alone, its
-    K > 0 rows what they cost before; the controller the simulator builds is told so ([plugin])."""
+def test_an_engine_that_skips_the_k0_pass_keeps_it_only_in_steps_with_a_prompt() -> None:
+    """``[engine] skip_draft_pass_at_k0`` (the plugin's skip): a table's K = 0 costs the target alone but in
+    the steps a new request's prompt enters (B / output_tokens a step: a share 1 − exp(−B / output_tokens)),
+    which keep the draft's pass; its K > 0 rows cost what they cost before; the controller the simulator
+    builds is told ([plugin])."""
     data = scenario_data(engine={**scenario_data()["engine"], "skip_draft_pass_at_k0": True})
+    data["load"] = {**data["load"], "output_tokens": 32}
     engine = SimEngine(parse_scenario(data))
     table = ((1, 4, 3), (5, 16, 0))
     at_8, at_2 = np.array([8.0]), np.array([2.0])
-    assert engine.step_time_s(SimConfig("d", 3, table), at_8)[0] == pytest.approx(engine.step_time_s(OFF, at_8)[0])
+    off = engine.step_time_s(OFF, at_8)[0]
+    with_pass = engine_of().step_time_s(SimConfig("d", 3, table), at_8)[0]
+    share = 1.0 - math.exp(-8 / 32)
+    assert engine.step_time_s(SimConfig("d", 3, table), at_8)[0] == pytest.approx(off + share * (with_pass - off))
     assert engine.step_time_s(SimConfig("d", 3, table), at_2)[0] == pytest.approx(
         engine_of().step_time_s(SimConfig("d", 3, table), at_2)[0]
     )
