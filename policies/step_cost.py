@@ -10,7 +10,10 @@ EAGLE, MTP) a step with K = 0 still runs one draft pass: vLLM's proposer runs it
 verified tokens to keep the draft's KV cache in sync and only then returns no drafts
 (``vllm/v1/spec_decode/llm_base_proposer.py``, "Dynamic SD decided K=0"). Such a model has
 ``draft_pass_at_k0`` set and counts max(K, 1) draft passes; :meth:`StepCostModel.plain_step_time_s` is
-then the step of an engine without a draft (speculation off), the baseline of every speedup.
+then the step of an engine without a draft (speculation off), the baseline of every speedup. The
+spectuner plugin can skip that pass in decode-only steps (``k0_skip_output_tokens`` > 0, the requests'
+mean output tokens): a closed loop of B sequences making one token a step starts B / that many requests a
+step, so a share 1 − exp(−B / k0_skip_output_tokens) of the K = 0 steps takes a prompt and keeps the pass.
 
 A prompt lookup (ngram, suffix) differs in two ways (``lookup_proposer``). One lookup per sequence drafts
 all K tokens (vLLM's n-gram proposer matches once per request per step), so a step at K ≥ 1 costs one
@@ -75,6 +78,9 @@ class StepCostModel:
     proposal_share: float = 1.0
     # The proposer is a lookup (ngram, suffix): one pass a step drafts all K tokens (see the module doc).
     lookup_proposer: bool = False
+    # > 0: K = 0 steps skip the draft's pass unless a prompt enters (the plugin's skip; the module doc), the
+    # requests making this many output tokens on average. Only without ``draft_pass_at_k0``.
+    k0_skip_output_tokens: float = 0.0
 
     def __post_init__(self) -> None:
         for name in PARAMETER_NAMES:
@@ -85,6 +91,8 @@ class StepCostModel:
             raise ValueError("a target step must cost something: fixed_s + per_token_s must be > 0")
         if not (math.isfinite(self.proposal_share) and 0.0 < self.proposal_share <= 1.0):
             raise ValueError(f"proposal_share must be in (0, 1] but got {self.proposal_share!r}")
+        if not (math.isfinite(self.k0_skip_output_tokens) and self.k0_skip_output_tokens >= 0.0):
+            raise ValueError(f"k0_skip_output_tokens must be finite and ≥ 0 but got {self.k0_skip_output_tokens!r}")
 
     @classmethod
     def from_cost_ratio(cls, cost_ratio: float, target_step_s: float = 1.0, per_token_s: float = 0.0) -> StepCostModel:
@@ -143,20 +151,48 @@ class StepCostModel:
         MeasuredStepCost's cells were measured under one of the two: switching drops them."""
         return self if self.draft_pass_at_k0 == on else replace(self.linear(), draft_pass_at_k0=on)
 
+    def with_k0_skip(self, output_tokens: float) -> StepCostModel:
+        """This model for an engine whose plugin skips the draft's pass in decode-only K = 0 steps, requests
+        making ``output_tokens`` on average (0: no skip). Keeps measured cells (measured on this engine)."""
+        if self.k0_skip_output_tokens == output_tokens:
+            return self
+        return replace(self, k0_skip_output_tokens=float(output_tokens))
+
     def draft_passes(self, k: int) -> int:
         """Draft forward passes of one step at K: K, or 1 at K = 0 when a draft model is loaded; a lookup's
-        one pass at any K ≥ 1."""
+        one pass at any K ≥ 1. (K = 0 under the plugin's skip: :meth:`k0_passes`.)"""
         if self.lookup_proposer:
             return 1 if k > 0 else 0
         return 1 if k == 0 and self.draft_pass_at_k0 else k
 
+    def k0_passes(self, batch_size: float) -> float:
+        """Draft passes a K = 0 step at B runs on average: 1 with ``draft_pass_at_k0``; under the plugin's
+        skip the share of steps a prompt enters, 1 − exp(−B / k0_skip_output_tokens); else 0."""
+        if self.lookup_proposer:
+            return 0.0
+        if self.draft_pass_at_k0:
+            return 1.0
+        if self.k0_skip_output_tokens > 0.0:
+            return -math.expm1(-batch_size / self.k0_skip_output_tokens)
+        return 0.0
+
+    def k0_passes_array(self, batch_size: ArrayLike) -> NDArray[np.float64]:
+        """:meth:`k0_passes` for every batch size (what :func:`design_matrix` takes)."""
+        b = np.asarray(batch_size, dtype=float)
+        if self.lookup_proposer or (not self.draft_pass_at_k0 and self.k0_skip_output_tokens <= 0.0):
+            return np.zeros_like(b)
+        if self.draft_pass_at_k0:
+            return np.ones_like(b)
+        return -np.expm1(-b / self.k0_skip_output_tokens)
+
     def step_time_s(self, batch_size: float, k: int) -> float:
         """Predicted T(B, K) in this engine (K = 0 with its draft pass when ``draft_pass_at_k0``)."""
         # plain float arithmetic: this runs K_max × batch sizes times per decision
+        passes = self.draft_passes(k) if k > 0 else self.k0_passes(batch_size)
         return (
             self.fixed_s
             + self.per_token_s * batch_size * (1.0 + self.proposal_share * k)
-            + self.draft_passes(k) * (self.draft_fixed_s + self.draft_per_seq_s * batch_size)
+            + passes * (self.draft_fixed_s + self.draft_per_seq_s * batch_size)
         )
 
     def plain_step_time_s(self, batch_size: float) -> float:
@@ -166,7 +202,7 @@ class StepCostModel:
     def design_row(self, batch_size: float, k: int) -> NDArray[np.float64]:
         """The row x with T(B, K) = x · (fixed_s, per_token_s, draft_fixed_s, draft_per_seq_s) in this
         engine (what a fit's covariance is read along); K = 0 here is a step of this engine at K = 0."""
-        passes = self.draft_passes(k)
+        passes = self.draft_passes(k) if k > 0 else self.k0_passes(batch_size)
         return np.array([1.0, batch_size * (1.0 + self.proposal_share * k), passes, passes * batch_size])
 
     def step_time_interval_s(self, batch_size: float, k: int, confidence: float = 0.95) -> tuple[float, float]:
@@ -187,6 +223,7 @@ class StepCostModel:
         # proposal_share only where it is not 1: a draft model's dict stays as it always was
         share = {"proposal_share": self.proposal_share} if self.proposal_share < 1.0 else {}
         lookup = {"lookup_proposer": True} if self.lookup_proposer else {}
+        skip = {"k0_skip_output_tokens": self.k0_skip_output_tokens} if self.k0_skip_output_tokens > 0.0 else {}
         return {
             "fixed_s": self.fixed_s,
             "per_token_s": self.per_token_s,
@@ -198,6 +235,7 @@ class StepCostModel:
             "per_token_assumed": self.per_token_assumed,
             **share,
             **lookup,
+            **skip,
         }
 
     @classmethod
@@ -226,6 +264,9 @@ class StepCostModel:
         lookup = data.get("lookup_proposer", False)
         if not isinstance(lookup, bool):
             raise ValueError(f"lookup_proposer must be true or false but got {lookup!r}")
+        skip = data.get("k0_skip_output_tokens", 0.0)
+        if isinstance(skip, bool) or not isinstance(skip, int | float):
+            raise ValueError(f"k0_skip_output_tokens must be a number ≥ 0 but got {skip!r}")
         return cls(
             **values,
             covariance=covariance,
@@ -234,6 +275,7 @@ class StepCostModel:
             per_token_assumed=assumed,
             proposal_share=float(share),
             lookup_proposer=lookup,
+            k0_skip_output_tokens=float(skip),
         )
 
 
@@ -262,8 +304,9 @@ def design_matrix(
     batch_size: NDArray[np.float64], k: NDArray[np.float64], draft_pass_at_k0: ArrayLike = False
 ) -> NDArray[np.float64]:
     """Rows [1, B·(K+1), D, D·B]: T(B, K) = row · (fixed_s, per_token_s, draft_fixed_s, draft_per_seq_s),
-    with D = K draft passes, or 1 at K = 0 where ``draft_pass_at_k0`` (per row, or one for all)."""
-    d = np.where((k == 0) & np.asarray(draft_pass_at_k0, bool), 1.0, k)
+    with D = K draft passes, or at K = 0 ``draft_pass_at_k0`` passes (per row, or one for all: True is one
+    pass; a share in [0, 1] is the average of an engine that skips it in some steps)."""
+    d = np.where(k == 0, np.asarray(draft_pass_at_k0, dtype=float), k)
     return np.column_stack([np.ones_like(batch_size), batch_size * (k + 1.0), d, d * batch_size])
 
 
@@ -304,9 +347,9 @@ def fit_step_cost(
     bad = _invalid_rows(b, kk, y, w)
     if bad:
         return StepCostFit(None, StepCostReason.INVALID_INPUT, bad, n)
-    loaded = np.asarray(draft_pass_at_k0, bool).ravel()
+    loaded = np.asarray(draft_pass_at_k0, dtype=float).ravel()
     if loaded.size == 1:
-        loaded = np.full(n, bool(loaded[0]))
+        loaded = np.full(n, float(loaded[0]))
     if loaded.size != n:
         return StepCostFit(
             None, StepCostReason.INVALID_INPUT, f"draft_pass_at_k0 has {loaded.size} entries for {n} observations.", n
@@ -416,7 +459,7 @@ def fit_target_cost(
         return StepCostFit(None, StepCostReason.INVALID_INPUT, bad, n)
     if not np.all(np.isfinite(cr) & (cr >= 0)):
         return StepCostFit(None, StepCostReason.INVALID_INPUT, "cost ratios must be finite and ≥ 0.", n)
-    passes = design_matrix(b, kk, np.broadcast_to(np.asarray(draft_pass_at_k0, bool), (n,)))[:, 2]
+    passes = design_matrix(b, kk, np.broadcast_to(np.asarray(draft_pass_at_k0, dtype=float), (n,)))[:, 2]
     return _fit_fixed_ratio(b, kk, y, w, n, float(draft_cost_ratio), passes, cr)
 
 
@@ -519,7 +562,8 @@ def step_times_table(model: StepCostModel, batch_sizes: Sequence[int], k_max: in
     if isinstance(model, MeasuredStepCost) and model.cells:
         return np.array([[model.step_time_s(b, k) for k in range(k_max + 1)] for b in batch_sizes], float)
     bb, kk = np.meshgrid(np.asarray(batch_sizes, float), np.arange(k_max + 1, dtype=float), indexing="ij")
-    return (design_matrix(bb.ravel(), kk.ravel(), model.draft_pass_at_k0) @ model.parameters).reshape(bb.shape)
+    k0 = model.k0_passes_array(bb.ravel())
+    return (design_matrix(bb.ravel(), kk.ravel(), k0) @ model.parameters).reshape(bb.shape)
 
 
 # Batch-size bands of measured cells: geometric, 25 % wide (policies.choose_k.load_bins uses the same width),
@@ -592,6 +636,7 @@ class MeasuredStepCost(StepCostModel):
             self.per_token_assumed,
             self.proposal_share,
             self.lookup_proposer,
+            self.k0_skip_output_tokens,
         )
 
     def step_time_s(self, batch_size: float, k: int) -> float:
@@ -600,7 +645,7 @@ class MeasuredStepCost(StepCostModel):
         return base * self._factors.get((batch_cell(batch_size), k), default)
 
     def plain_step_time_s(self, batch_size: float) -> float:
-        if not self.draft_pass_at_k0:
+        if not self.draft_pass_at_k0 and self.k0_skip_output_tokens <= 0.0:
             return self.step_time_s(batch_size, 0)  # this engine's K = 0 steps are plain decoding
         # No step of this engine ran without its draft. Its K = 0 steps come closest (the target's
         # one-token forward plus the draft's catch-up pass): the model's plain step at their level.
@@ -650,7 +695,7 @@ def with_measured_cells(
     keep = np.isfinite(b) & np.isfinite(kk) & np.isfinite(t) & np.isfinite(n) & (b >= 1) & (kk >= 0) & (t > 0) & (n > 0)
     b, kk, t, n = b[keep], np.round(kk[keep]), t[keep], n[keep]
     # the linear model's T(B, K), also under a MeasuredStepCost (whose cells are replaced)
-    predicted = design_matrix(b, kk, model.draft_pass_at_k0) @ model.parameters
+    predicted = design_matrix(b, kk, model.k0_passes_array(b)) @ model.parameters
     totals: dict[tuple[int, int], list[float]] = {}
     for bi, ki, ti, ni, pi in zip(b, kk, t, n, predicted, strict=True):
         acc = totals.setdefault((batch_cell(float(bi)), int(ki)), [0.0, 0.0, 0.0, 0.0])  # Σ n·t, Σ n·T, Σ n, Σ n·B
@@ -679,6 +724,7 @@ def with_measured_cells(
         residual_std_s=model.residual_std_s,
         draft_pass_at_k0=model.draft_pass_at_k0,
         per_token_assumed=model.per_token_assumed,
+        k0_skip_output_tokens=model.k0_skip_output_tokens,
         cells=cells,
         scale=float(drafting if drafting is not None else overall),
         scale_no_draft=float(plain_steps if plain_steps is not None else overall),

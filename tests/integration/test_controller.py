@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from collectors.records import EngineKey, EventRecord, StepRecord, WindowRecord
+from collectors.records import EngineKey, EventRecord, LatencySummary, StepRecord, WindowRecord
 from policies.counters import SpecCounters
 from policies.spec_config import SpecConfig
 from policies.step_cost import StepCostModel
@@ -22,6 +22,7 @@ from tuner.config import ControllerSection, GuardrailsSection, Mode, PolicySecti
 from tuner.controller import manual
 from tuner.controller.apply import apply_config
 from tuner.controller.audit import CHANGE
+from tuner.controller.context import measure
 from tuner.controller.controller import REJECTED, SUPERSEDED, Controller
 from tuner.controller.evidence import LoadProfile
 from tuner.controller.settings import ControllerSettings, PolicySettings
@@ -671,6 +672,64 @@ def test_an_engine_that_skips_the_draft_pass_at_k0_is_fitted_and_priced_as_such(
     stock = step_cost_from_steps(store, [KEY], current.config.spec, specs, now, section, 0.2)
     assert stock is not None and stock[0].draft_pass_at_k0 is True
     assert stock[0].step_time_s(8, 0) > 1.05 * truth.step_time_s(8, 0)  # a pass the engine never ran
+
+
+def test_under_the_skip_k0_steps_with_a_prompt_keep_the_pass_in_the_fit_and_the_price(
+    world: tuple[Store, FakeClock, FakeActuator],
+) -> None:
+    """The plugin skips the draft's pass only in decode-only K = 0 steps: with requests of 4 output tokens
+    on average most K = 0 steps at 8 sequences take a prompt and keep it (1 − e⁻²). Given the requests'
+    mean length, the fit reads the K = 0 steps with that share and prices K = 0 so; the controller takes the
+    length from the evidence windows (tokens over requests finished)."""
+    store, _, _ = world
+    current = store.current_config(KEY)
+    assert current is not None
+    truth = StepCostModel.from_cost_ratio(0.2, target_step_s=0.01, per_token_s=0.001).with_k0_skip(4.0)
+    for i, k in enumerate((0, 2, 5)):
+        write_steps(store, T0 + timedelta(seconds=10 * i), k=k, step_s=lambda b, k=k: truth.step_time_s(b, k),
+                    config_id=current.id)
+    now = T0 + timedelta(seconds=60)
+    specs = config_specs(store, [KEY], now, 86400)
+    section = SETTINGS.policy.policy.model_copy(update={"step_cost_cell_min_steps": 10**6})
+    skipping = replace(SETTINGS.policy, k0_draft_pass_skipped=True)
+    assert skipping.k0_skip_output_tokens(4.0) == 4.0 and skipping.k0_skip_output_tokens(None) == 0.0
+    assert SETTINGS.policy.k0_skip_output_tokens(4.0) == 0.0  # no skip configured
+    fitted = step_cost_from_steps(
+        store, [KEY], current.config.spec, specs, now, section, 0.2,
+        drafts_at_k0=skipping.drafts_at_k0, k0_skip_output_tokens=skipping.k0_skip_output_tokens(4.0),
+    )
+    assert fitted is not None
+    model = fitted[0]
+    assert model.k0_skip_output_tokens == 4.0 and not model.draft_pass_at_k0
+    assert model.step_time_s(8, 0) == pytest.approx(truth.step_time_s(8, 0), rel=0.03)
+    assert model.step_time_s(8, 0) > 1.1 * truth.plain_step_time_s(8)  # not plain decoding: prompts keep the pass
+    priced = skipping.engine_step_cost(StepCostModel.from_cost_ratio(0.2, 0.01, 0.001), "draft_model", 4.0)
+    assert priced.step_time_s(8, 0) == pytest.approx(truth.step_time_s(8, 0))
+    lookup = skipping.engine_step_cost(priced, "ngram", 4.0)  # a lookup has no pass to keep
+    assert lookup.step_time_s(8, 0) == pytest.approx(truth.plain_step_time_s(8))
+
+
+def test_the_evidence_counts_finished_requests_for_their_mean_length(
+    world: tuple[Store, FakeClock, FakeActuator],
+) -> None:
+    """Windows carry vLLM's e2e latency count (requests finished); the context's mean output tokens per
+    request is the windows' tokens over it, None where the scraper saw no histogram."""
+    store, _, _ = world
+    stored = store.current_config(KEY)
+    assert stored is not None
+    end = write_windows(store, T0 + timedelta(hours=2), 6, k=2, rate=100.0)
+    assert measure(store, [KEY], stored, end, 60.0).output_tokens_per_request is None
+    later = [
+        WindowRecord(
+            key=KEY, start=end + timedelta(seconds=10 * i), end=end + timedelta(seconds=10 * (i + 1)),
+            spec=iid(0.8, 2, 200), generation_tokens=1000.0, requests_running=8.0,
+            e2e_latency=LatencySummary(count=20.0, sum_s=40.0),
+        )
+        for i in range(3)
+    ]
+    store.write_windows(later)
+    ctx = measure(store, [KEY], stored, end + timedelta(seconds=30), 30.0)
+    assert ctx.output_tokens_per_request == pytest.approx(50.0)  # 3000 tokens, 60 requests: the older window left out
 
 
 def test_load_profile_is_topped_up_without_double_counting(db_url: str) -> None:

@@ -112,6 +112,9 @@ class DecisionContext:
     # the engine's KV pool (cache_config_info × KV bytes per token) and the context a sequence holds;
     # None: not scraped or the target's KV bytes per token not configured
     kv_capacity: KvCapacity | None = None
+    # mean output tokens of the requests that finished in the evidence windows: their tokens over vLLM's e2e
+    # latency count, windows that carry one only (None: no request counted, e.g. the histogram not scraped)
+    output_tokens_per_request: float | None = None
 
     @property
     def goodput_tokens_per_s(self) -> float | None:
@@ -557,7 +560,14 @@ def measure(
         recent_alpha_noise=recent_noise,
         mean_demand=demand_s / load_s if load_s > 0 else None,
         kv_usage=sum(w.duration_s * (w.kv_cache_usage or 0.0) for w in usage) / usage_s if usage_s > 0 else None,
+        output_tokens_per_request=_output_tokens_per_request(wins),
     )
+
+
+def _output_tokens_per_request(wins: Sequence[WindowRecord]) -> float | None:
+    counted = [w for w in wins if w.e2e_latency is not None]
+    finished = sum(w.e2e_latency.count for w in counted if w.e2e_latency is not None)
+    return sum(w.generation_tokens for w in counted) / finished if finished > 0 else None
 
 
 def _finite(x: float | None) -> bool:
@@ -724,6 +734,7 @@ def _with_step_cost(
             ),
             groups=groups,
             drafts_at_k0=settings.policy.drafts_at_k0,
+            k0_skip_output_tokens=settings.policy.k0_skip_output_tokens(ctx.output_tokens_per_request),
         )
         by_candidate = (
             candidate_step_costs(
@@ -733,6 +744,7 @@ def _with_step_cost(
                 p.target_params,
                 p.step_cost_cell_min_steps,
                 drafts_at_k0=settings.policy.drafts_at_k0,
+                k0_skip_output_tokens=settings.policy.k0_skip_output_tokens(ctx.output_tokens_per_request),
             )
             if fitted is not None
             else {}

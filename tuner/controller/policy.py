@@ -259,7 +259,9 @@ def propose_k_table(ctx: DecisionContext, settings: PolicySettings) -> PolicyOut
     k_engine = max(ctx.current.k or 0, p.k_max)
     # a table's K = 0 keeps the draft loaded: with a draft model each step still runs its catch-up pass,
     # unless the plugin skips it ([plugin] skip_draft_pass_at_k0)
-    step_cost = step_cost_model(ctx, settings).with_draft_pass_at_k0(settings.drafts_at_k0(ctx.current.method))
+    step_cost = settings.engine_step_cost(
+        step_cost_model(ctx, settings), ctx.current.method, ctx.output_tokens_per_request
+    )
     footprint = _footprint(ctx.running, settings)
     table = k_table(
         KTableSnapshot(
@@ -708,7 +710,7 @@ def _table_inputs(
         alpha = sparse(ConstantAlphaModel(prior, prior, prior), candidate.proposal_share)
     linear = step_cost_model(ctx, settings).linear()
     priced = candidate.beside(linear, settings.policy.target_params) or linear
-    return alpha, priced.with_draft_pass_at_k0(settings.drafts_at_k0(candidate.method))
+    return alpha, settings.engine_step_cost(priced, candidate.method, ctx.output_tokens_per_request)
 
 
 def _table_for(

@@ -71,9 +71,26 @@ class PolicySettings:
         return cls(policy, budget, trigger, memory.target_kv_bytes_per_token, memory.tokens_per_seq)
 
     def drafts_at_k0(self, method: object) -> bool:
-        """Does a K = 0 step under ``method`` run a draft pass on this engine? (vLLM's model drafts do,
-        unless the plugin skips it.)"""
+        """Does every K = 0 step under ``method`` run a draft pass on this engine? (vLLM's model drafts
+        do, unless the plugin skips it in decode-only steps.)"""
         return method_drafts_at_k0(method) and not self.k0_draft_pass_skipped
+
+    def k0_skip_output_tokens(self, output_tokens_per_request: float | None) -> float:
+        """``StepCostModel.k0_skip_output_tokens`` for this engine: under the plugin's skip the requests' mean
+        output tokens (a K = 0 step keeps the pass when a prompt enters), else 0. Unknown (no finished
+        requests counted): 0, a K = 0 step priced as plain decoding until its measured cells say more."""
+        if not self.k0_draft_pass_skipped or output_tokens_per_request is None:
+            return 0.0
+        return max(float(output_tokens_per_request), 1.0)
+
+    def engine_step_cost(
+        self, model: StepCostModel, method: object, output_tokens_per_request: float | None
+    ) -> StepCostModel:
+        """``model`` with this engine's K = 0 under ``method``: one draft pass (vLLM), the share of steps
+        a prompt enters (the plugin's skip), or none (a lookup, no draft)."""
+        out = model.with_draft_pass_at_k0(self.drafts_at_k0(method))
+        skip = self.k0_skip_output_tokens(output_tokens_per_request) if method_drafts_at_k0(method) else 0.0
+        return out.with_k0_skip(skip)
 
     @property
     def pinned_step_cost(self) -> StepCostModel | None:

@@ -20,6 +20,7 @@ their measured mean: a linear T(B, K) misses engine quirks that decide K (see do
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -72,6 +73,7 @@ def candidate_step_costs(
     target_params: int | None,
     min_steps: int,
     drafts_at_k0: Callable[[object], bool] = method_drafts_at_k0,
+    k0_skip_output_tokens: float = 0.0,
 ) -> dict[str, StepCostModel]:
     """Candidate name → T(B, K) with the cells this engine measured while it ran that draft (within the
     horizon), over ``target``'s linear model with the candidate's draft pass (``beside``): the model a swap
@@ -87,7 +89,8 @@ def candidate_step_costs(
         rows = [g for g in groups if g.spec is not None and same_draft(g.spec, cand)]
         if beside is None or not rows:
             continue
-        base = beside.with_draft_pass_at_k0(drafts_at_k0(cand.method))
+        skip = k0_skip_output_tokens if method_drafts_at_k0(cand.method) else 0.0
+        base = beside.with_draft_pass_at_k0(drafts_at_k0(cand.method)).with_k0_skip(skip)
         model = with_measured_cells(
             base,
             [g.batch_size for g in rows],
@@ -113,6 +116,7 @@ def step_cost_from_steps(
     cost_ratio_of: Callable[[SpecConfig], float | None] | None = None,
     groups: Sequence[StepGroup] | None = None,
     drafts_at_k0: Callable[[object], bool] = method_drafts_at_k0,
+    k0_skip_output_tokens: float = 0.0,
 ) -> tuple[StepCostModel, str, str] | None:
     """(model, note, source) for the running draft from the last ``step_cost_horizon_s`` of steps, or None when the
     steps are too few (or the plugin is not configured) and nothing is pinned. ``spec_of`` maps config
@@ -130,30 +134,36 @@ def step_cost_from_steps(
 
     ``groups``: the steps already read (:func:`step_groups`), else they are read here. ``drafts_at_k0``:
     whether a method's K = 0 steps run a draft pass on this engine (``PolicySettings.drafts_at_k0``: not
-    when the plugin skips it).
+    when the plugin skips it); ``k0_skip_output_tokens`` > 0: then the running draft's K = 0 steps keep it
+    in the share of steps a prompt enters (``StepCostModel.k0_skip_output_tokens``), which the fit reads
+    them with.
     """
     if groups is None:
         groups = step_groups(store, keys, spec_of, now, settings.step_cost_horizon_s)
     draft = current.draft
     loaded = drafts_at_k0(current.method)
-    fit_rows: list[tuple[float, float, float, float, bool]] = []  # B, K, mean s, steps, draft pass at K = 0
+    skip = k0_skip_output_tokens if not loaded and method_drafts_at_k0(current.method) else 0.0
+
+    def k0_passes(b: float) -> float:  # the running draft's passes in a K = 0 step at B
+        return -math.expm1(-b / skip) if skip > 0.0 else float(loaded)
+    fit_rows: list[tuple[float, float, float, float, float]] = []  # B, K, mean s, steps, draft passes at K = 0
     cell_rows: list[tuple[float, float, float, float]] = []
     # every step whose draft's cost ratio is known: B, K, mean s, steps, draft pass at K = 0, cost ratio
-    target_rows: list[tuple[float, float, float, float, bool, float]] = []
+    target_rows: list[tuple[float, float, float, float, float, float]] = []
     for g in groups:
         spec, b, k, mean_s, n = g.spec, g.batch_size, g.k, g.mean_s, g.steps
         same_draft = spec is not None and spec.draft == draft
         if same_draft:
             cell_rows.append((b, k, mean_s, n))
-            fit_rows.append((b, k, mean_s, n, loaded))
-            target_rows.append((b, k, mean_s, n, loaded, cost_ratio))
+            fit_rows.append((b, k, mean_s, n, k0_passes(b)))
+            target_rows.append((b, k, mean_s, n, k0_passes(b), cost_ratio))
         elif k == 0 and not (spec is not None and drafts_at_k0(spec.method)):  # no draft model ran: the target alone
-            fit_rows.append((b, 0.0, mean_s, n, False))
-            target_rows.append((b, 0.0, mean_s, n, False, 0.0))
+            fit_rows.append((b, 0.0, mean_s, n, 0.0))
+            target_rows.append((b, 0.0, mean_s, n, 0.0, 0.0))
         elif spec is not None and cost_ratio_of is not None:
             other = cost_ratio_of(spec)
             if other is not None:
-                target_rows.append((b, k, mean_s, n, drafts_at_k0(spec.method), other))
+                target_rows.append((b, k, mean_s, n, float(drafts_at_k0(spec.method)), other))
     steps = int(sum(r[3] for r in fit_rows))
     if pinned is not None:
         base, note, source = pinned, "T(B, K) pinned by [policy.step_cost]", "pinned"
@@ -173,7 +183,7 @@ def step_cost_from_steps(
         if fit is None or fit.model is None:
             return None
         base, note, source = fit.model, f"T(B, K) fitted from {steps} steps: {fit.message}", "fitted"
-    base = base.with_draft_pass_at_k0(loaded)
+    base = base.with_draft_pass_at_k0(loaded).with_k0_skip(skip)
     if cell_rows:
         batch, ks, times, weights = (list(col) for col in zip(*cell_rows, strict=True))
         model = with_measured_cells(base, batch, ks, times, weights, settings.step_cost_cell_min_steps)

@@ -8,6 +8,7 @@ engine's mean step times where measured, the model elsewhere.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from datetime import UTC, datetime
 
@@ -292,6 +293,37 @@ def test_the_fit_reads_loaded_k0_steps_as_target_plus_a_draft_pass() -> None:
     naive = fit_step_cost(b, k, t)
     assert naive.model is not None
     assert naive.model.fixed_s > 1.2 * LAB.fixed_s or naive.model.per_token_s > 1.2 * LAB.per_token_s
+
+
+def test_under_the_plugins_skip_a_k0_step_keeps_the_pass_only_when_a_prompt_enters() -> None:
+    """The plugin skips the draft's pass in decode-only K = 0 steps; a closed loop of B sequences of L output
+    tokens starts B / L requests a step, so a share 1 − exp(−B / L) of its K = 0 steps keeps the pass."""
+    skip = LAB.with_k0_skip(64.0)
+    draft_pass = LAB.draft_fixed_s + LAB.draft_per_seq_s * 64
+    share = 1.0 - math.exp(-1.0)
+    assert skip.k0_passes(64) == pytest.approx(share) and skip.k0_passes(1) == pytest.approx(1 - math.exp(-1 / 64))
+    assert skip.step_time_s(64, 0) == pytest.approx(LAB.step_time_s(64, 0) + share * draft_pass)
+    assert skip.step_time_s(64, 3) == LAB.step_time_s(64, 3) and skip.plain_step_time_s(64) == LAB.plain_step_time_s(64)
+    assert skip.design_row(64, 0) @ LAB.parameters == pytest.approx(skip.step_time_s(64, 0))
+    assert LAB.with_k0_skip(0.0) is LAB and LAB.k0_passes(64) == 0.0 and LOADED.k0_passes(64) == 1.0
+    assert StepCostModel.from_dict(skip.to_dict()) == skip and "k0_skip_output_tokens" not in LAB.to_dict()
+    with pytest.raises(ValueError, match="k0_skip_output_tokens"):
+        StepCostModel.from_dict({**LAB.to_dict(), "k0_skip_output_tokens": "many"})
+    table = step_times_table(skip, [1, 16, 64], 2)
+    assert table[2, 0] == pytest.approx(skip.step_time_s(64, 0))
+    assert table[1, 2] == pytest.approx(skip.step_time_s(16, 2))
+    # fitted from such an engine's steps, the share per observation recovers the truth
+    b = np.array([1, 2, 4, 8, 16, 32, 64] * 2, float)
+    k = np.array([0] * 7 + [3] * 7, float)
+    passes = skip.k0_passes_array(b)
+    t = design_matrix(b, k, passes) @ LAB.parameters
+    fit = fit_step_cost(b, k, t, draft_pass_at_k0=passes)
+    assert fit.model is not None and fit.model.parameters == pytest.approx(LAB.parameters, rel=1e-6)
+    # measured cells laid over it keep the skip (their factors were measured against it)
+    cells = with_measured_cells(skip, [64.0], [0.0], [skip.step_time_s(64, 0) * 1.1], [100], 50)
+    assert isinstance(cells, MeasuredStepCost) and cells.k0_skip_output_tokens == 64.0
+    assert cells.step_time_s(64, 0) == pytest.approx(1.1 * skip.step_time_s(64, 0))
+    assert cells.linear().k0_skip_output_tokens == 64.0
 
 
 def test_loaded_k0_and_k1_alone_cannot_separate_draft_from_target() -> None:
