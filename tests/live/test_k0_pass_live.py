@@ -18,12 +18,10 @@ import pytest
 
 from collectors.vllm_plugin import env
 from collectors.vllm_plugin.client import ControlClient
-from tests.live.conftest import MODELS_DIR
-from tests.live.test_plugin_live import Rig, plugin_rig, settle
+from tests.live.test_plugin_live import Rig, good_draft_rig, settle
 from tuner.lab.load import LoadResult, run_load
 from tuner.lab.models import Manifest
 from tuner.lab.prompts import HARD, PREDICTABLE
-from tuner.lab.serve import LabServer
 
 K_MAX = 3
 PROMPTS = [*PREDICTABLE[:3], HARD[0]]
@@ -32,17 +30,7 @@ TOKENS = 160
 
 @pytest.fixture(scope="module")
 def rig(lab_models: Manifest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
-    work = tmp_path_factory.mktemp("k0-pass")
-    server = LabServer(
-        draft="good",
-        k=K_MAX,
-        per_batch_size=[[1, 16, K_MAX]],
-        models_dir=MODELS_DIR,
-        workdir=work / "engine",
-        extra_env={env.SKIP_K0_DRAFT_PASS: "1"},
-    )
-    with plugin_rig(server, work) as r:
-        yield r
+    yield from good_draft_rig(tmp_path_factory, "k0-pass", K_MAX, {env.SKIP_K0_DRAFT_PASS: "1"})
 
 
 def all_at_once(rig: Rig) -> LoadResult:

@@ -93,18 +93,26 @@ def plugin_rig(server: LabServer, work: Path) -> Iterator[Rig]:
         sock_dir.rmdir()
 
 
-@pytest.fixture(scope="module")
-def rig(lab_models: Manifest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
-    work = tmp_path_factory.mktemp("plugin")
+def good_draft_rig(
+    tmp_path_factory: pytest.TempPathFactory, name: str, k_max: int, extra_env: dict[str, str] | None = None
+) -> Iterator[Rig]:
+    """A module's rig (``plugin_rig``): the good draft at ``k_max`` behind a one-row table."""
+    work = tmp_path_factory.mktemp(name)
     server = LabServer(
         draft="good",
-        k=K_MAX,
-        per_batch_size=[[1, 16, K_MAX]],
+        k=k_max,
+        per_batch_size=[[1, 16, k_max]],
         models_dir=MODELS_DIR,
         workdir=work / "engine",
+        extra_env=dict(extra_env or {}),
     )
     with plugin_rig(server, work) as r:
         yield r
+
+
+@pytest.fixture(scope="module")
+def rig(lab_models: Manifest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
+    yield from good_draft_rig(tmp_path_factory, "plugin", K_MAX)
 
 
 def engine_spec_totals(metrics_url: str) -> dict[str, Any]:
