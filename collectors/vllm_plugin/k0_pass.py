@@ -22,15 +22,27 @@ benchmark); only acceptance drops, for those requests. Off by default.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import inspect
+import json
 import logging
+import os
+import tempfile
 import threading
+import time
+from pathlib import Path
 from typing import Any
 
 from collectors.vllm_plugin import env
 from collectors.vllm_plugin.features import K0_PASS_FEATURES, SKIP_K0_PASS, runtime_report
 
-log = logging.getLogger("spectuner.plugin")
+log = logging.getLogger("vllm.spectuner." + __name__.rsplit(".", 1)[-1])
+# The model runs in a worker process of its own (vLLM's CPU build, multi-GPU executors), not in the engine
+# core that answers the control channel: a worker publishes its counts here (≤ once a second), keyed by its
+# parent, the engine core, which adds them up (``state``). Removed when the worker exits.
+_COUNTS_PREFIX = "spectuner-k0-pass"
+_PUBLISH_EVERY_S = 1.0
 
 
 class _Counter:
@@ -48,13 +60,52 @@ class _Counter:
 SKIPPED = _Counter()  # decode-only K = 0 steps: no draft pass
 RAN = _Counter()  # K = 0 steps with a prompt (or verified drafts) in them: the pass ran
 _state: dict[str, str] = {"k0_draft_pass": "runs"}
+_published = {"at": float("-inf")}
+
+
+def _counts_path(engine_pid: int, pid: int) -> Path:
+    return Path(tempfile.gettempdir()) / f"{_COUNTS_PREFIX}-{engine_pid}-{pid}.json"
+
+
+def _publish(force: bool = False) -> None:
+    """Write this process's counts for its engine core to read (never raises)."""
+    now = time.monotonic()
+    if not force and now - _published["at"] < _PUBLISH_EVERY_S:
+        return
+    _published["at"] = now
+    path = _counts_path(os.getppid(), os.getpid())
+    try:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"skipped": SKIPPED.count, "run": RAN.count}))
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+def _worker_counts() -> tuple[int, int]:
+    """Counts the engine core's workers published (its own pid is their parent's)."""
+    skipped = run = 0
+    for path in Path(tempfile.gettempdir()).glob(f"{_COUNTS_PREFIX}-{os.getpid()}-*.json"):
+        try:
+            data = json.loads(path.read_text())
+            skipped, run = skipped + int(data["skipped"]), run + int(data["run"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return skipped, run
+
+
+def _remove_published() -> None:
+    with contextlib.suppress(OSError):
+        _counts_path(os.getppid(), os.getpid()).unlink()
 
 
 def state() -> dict[str, Any]:
     """``k0_draft_pass``: "skipped" when installed, "runs" otherwise (with ``k0_skip_reason`` when asked
-    for and unavailable); ``k0_passes_skipped``: decode-only K = 0 steps that skipped the pass in this
-    process; ``k0_passes_run``: K = 0 steps that ran it while installed (a prompt in the step)."""
-    return {**_state, "k0_passes_skipped": SKIPPED.count, "k0_passes_run": RAN.count}
+    for and unavailable); ``k0_passes_skipped``: decode-only K = 0 steps that skipped the pass, in this
+    process and in the workers it started (published at most a second late); ``k0_passes_run``: K = 0
+    steps that ran it while installed (a prompt in the step)."""
+    skipped, run = _worker_counts()
+    return {**_state, "k0_passes_skipped": SKIPPED.count + skipped, "k0_passes_run": RAN.count + run}
 
 
 def install(environ: dict[str, str] | None = None) -> bool:
@@ -86,12 +137,14 @@ def install(environ: dict[str, str] | None = None) -> bool:
                 cad = bound.arguments["common_attn_metadata"]
             if getattr(cad, "max_query_len", 2) > 1:  # a prompt (or verified drafts) in the step: keep the cache whole
                 RAN.add()
+                _publish()
                 return None
             empty = torch.empty(cad.batch_size(), 0, device=target_token_ids.device, dtype=torch.int64)
             # the state vLLM's propose() leaves behind at K = 0
             self.num_speculative_tokens = 0
             self._last_draft_probs = None
             SKIPPED.add()
+            _publish()
             return empty
 
         def propose(self: Any, num_speculative_tokens: int, target_token_ids: Any, *args: Any, **kwargs: Any) -> Any:
@@ -109,6 +162,7 @@ def install(environ: dict[str, str] | None = None) -> bool:
 
         propose._spectuner_k0 = True  # type: ignore[attr-defined]
         cls.propose = propose
+        atexit.register(_remove_published)
     except Exception as exc:  # a wrapper that cannot go in leaves vLLM's behaviour alone
         _state["k0_skip_reason"] = f"could not wrap the proposer ({type(exc).__name__}: {exc})"
         log.warning("spectuner plugin: the draft's pass at K = 0 still runs: %s", _state["k0_skip_reason"])

@@ -6,7 +6,11 @@ reach vLLM's own code."""
 from __future__ import annotations
 
 import functools
+import json
+import os
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -17,8 +21,10 @@ from collectors.vllm_plugin import env, k0_pass
 
 
 @pytest.fixture
-def proposer_class() -> Iterator[Any]:
+def proposer_class(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where a worker publishes its counts
 
     original = SpecDecodeBaseProposer.propose
     state = dict(k0_pass._state)
@@ -86,3 +92,23 @@ def test_k0_returns_an_empty_draft_without_the_forward_and_other_k_reach_vllm(pr
     odd = SimpleNamespace(max_query_len=1)  # no batch_size()
     assert proposer.propose(num_speculative_tokens=0, target_token_ids=ids, common_attn_metadata=odd) == "vllm"
     assert calls == [2, 0, 0] and k0_pass.state()["k0_skip_failed"] == "yes"
+
+
+def test_the_engine_core_adds_up_what_its_workers_published(proposer_class: Any, tmp_path: Path) -> None:
+    """vLLM's CPU build and multi-GPU executors run the model in worker processes: the control channel's
+    engine core reads the counts each worker published under the core's pid (and nobody else's)."""
+    before = k0_pass.state()
+    me = os.getpid()
+    (tmp_path / f"spectuner-k0-pass-{me}-101.json").write_text(json.dumps({"skipped": 40, "run": 7}))
+    (tmp_path / f"spectuner-k0-pass-{me}-102.json").write_text(json.dumps({"skipped": 2, "run": 1}))
+    (tmp_path / f"spectuner-k0-pass-{me + 1}-103.json").write_text(json.dumps({"skipped": 500, "run": 500}))
+    (tmp_path / f"spectuner-k0-pass-{me}-104.json").write_text("torn")  # a half-written file is skipped
+    after = k0_pass.state()
+    assert after["k0_passes_skipped"] == before["k0_passes_skipped"] + 42
+    assert after["k0_passes_run"] == before["k0_passes_run"] + 8
+    # a worker's own publication: keyed by its parent
+    k0_pass._publish(force=True)
+    mine = json.loads((tmp_path / f"spectuner-k0-pass-{os.getppid()}-{me}.json").read_text())
+    assert mine == {"skipped": k0_pass.SKIPPED.count, "run": k0_pass.RAN.count}
+    k0_pass._remove_published()
+    assert not (tmp_path / f"spectuner-k0-pass-{os.getppid()}-{me}.json").exists()
