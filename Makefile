@@ -61,7 +61,7 @@ test: install models lint
 
 # Every benchmark but the live one (~55 min on the gpu-like lab, `make bench-live`, which also compares it
 # with the simulator) and the 100-engine fleet store one (11 min, `make bench-fleet`).
-bench: install models
+bench: install models models-gpu
 	@for b in bench/bench_*.py; do case "$$b" in bench/bench_live.py|bench/bench_sim_live.py|bench/bench_fleet_store.py) continue;; esac; \
 		echo "== $$b"; $(PY) $$b || exit 1; done
 
