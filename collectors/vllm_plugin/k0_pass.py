@@ -137,14 +137,14 @@ def install(environ: dict[str, str] | None = None) -> bool:
                 cad = bound.arguments["common_attn_metadata"]
             if getattr(cad, "max_query_len", 2) > 1:  # a prompt (or verified drafts) in the step: keep the cache whole
                 RAN.add()
-                _publish()
+                _publish(force=RAN.count == 1)
                 return None
             empty = torch.empty(cad.batch_size(), 0, device=target_token_ids.device, dtype=torch.int64)
             # the state vLLM's propose() leaves behind at K = 0
             self.num_speculative_tokens = 0
             self._last_draft_probs = None
             SKIPPED.add()
-            _publish()
+            _publish(force=SKIPPED.count == 1)  # the first of each at once, then at most once a second
             return empty
 
         def propose(self: Any, num_speculative_tokens: int, target_token_ids: Any, *args: Any, **kwargs: Any) -> Any:
