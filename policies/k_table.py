@@ -195,6 +195,41 @@ def _table_sums(
     return [_TableSum(t, (lo, hi)) for t, lo, hi in sums]
 
 
+def goodput_over_load(
+    now: datetime,
+    acceptance: AcceptanceModel,
+    step_cost: StepCostModel,
+    rows: Sequence[KRow],
+    profile: Sequence[tuple[float, float]],
+    max_batch_size: int,
+    k_engine: int,
+) -> float | None:
+    """Generated tokens per second (in ``step_cost``'s seconds) of the table ``rows`` over ``profile``,
+    time-weighted: B × E[tokens per sequence and step] / T(B, K) at each window's batch size (capped at
+    ``max_batch_size``). None when the profile holds nothing to judge on."""
+    seconds_at: dict[int, float] = {}
+    for dur, running in profile:
+        b = min(max(1, round(running)), max_batch_size)
+        seconds_at[b] = seconds_at.get(b, 0.0) + dur
+    total = sum(seconds_at.values())
+    if total <= 0:
+        return None
+    rate = 0.0
+    for b, dur in seconds_at.items():
+        snap = KChoiceSnapshot(
+            now=now, acceptance=acceptance, step_cost=step_cost, batch_size=b, k_max=k_engine, k0_is_off=False
+        )
+        rate += dur * evaluate_k(snap, k_at(rows, b)).goodput_tokens_per_s
+    return rate / total
+
+
+def plain_goodput(step_cost: StepCostModel, load: float, max_batch_size: int) -> float:
+    """Generated tokens per second (in ``step_cost``'s seconds) of an engine without a draft at ``load``
+    requests (running + waiting; it runs at most ``max_batch_size``)."""
+    b = min(max(1, round(load)), max_batch_size)
+    return b / step_cost.plain_step_time_s(b)
+
+
 def table_gain_over_load(
     now: datetime,
     acceptance: AcceptanceModel,

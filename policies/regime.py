@@ -68,6 +68,9 @@ class RegimeTracker:
     lengths_s: tuple[float, ...] = ()  # regimes that ended, oldest first
     directions: tuple[int, ...] = ()  # aligned with lengths_s: +1 rose from its predecessor, −1 fell, 0 first
     direction: int = 0  # the current regime's
+    # the level of the regime before the current one (None: none ended yet): where a rise came from, the
+    # load a change that serves only the current one will have to be undone at
+    previous_level: float | None = None
 
     def __post_init__(self) -> None:
         if self.abs_band < 0 or self.rel_band < 0 or self.confirm < 1 or self.min_history < 1 or self.scatter_z < 0:
@@ -132,6 +135,7 @@ def observe(tracker: RegimeTracker, now: datetime, value: float | None, noise: f
         lengths_s=(*tracker.lengths_s, ended)[-MAX_HISTORY:],
         directions=(*tracker.directions, tracker.direction)[-MAX_HISTORY:],
         direction=1 if level > tracker.level else -1,
+        previous_level=tracker.level,
     )
 
 
@@ -148,8 +152,8 @@ def _fold(tracker: RegimeTracker, values: list[float]) -> RegimeTracker:
 
 def restart(tracker: RegimeTracker, now: datetime) -> RegimeTracker:
     """A new regime that the engine's own change began (another draft is another α): nothing ended, so
-    no length is recorded; the history is kept."""
-    return replace(tracker, started=now, level=None, count=0, m2=0.0, outside=(), direction=0)
+    no length is recorded; the history is kept (the previous level was another draft's: dropped)."""
+    return replace(tracker, started=now, level=None, count=0, m2=0.0, outside=(), direction=0, previous_level=None)
 
 
 def _history(tracker: RegimeTracker, now: datetime) -> tuple[int, list[float]]:
@@ -174,6 +178,20 @@ def remaining_s(tracker: RegimeTracker, now: datetime) -> float:
     return tracker.age_s(now)
 
 
+def left_band(tracker: RegimeTracker, quantity: str) -> str | None:
+    """When the last observation left the current regime's band (the next confirms a new regime or folds
+    it back), what that means in words; else None. The regime may be ending now: a change that pays only
+    over its remaining length should wait a tick — at the end of a 20-minute load regime no regime on record
+    had lasted longer, Lindy said 20 minutes more, and the simulator's lab_gpu_like dropped the draft for
+    plain decoding one tick after the load had fallen 64 → 4."""
+    if not tracker.outside or tracker.level is None:
+        return None
+    return (
+        f"the {quantity} left its regime's band ({tracker.level:.3g} ± {tracker.threshold():.3g}) at the last "
+        f"observation ({tracker.outside[-1][1]:.3g}): the regime may be ending"
+    )
+
+
 def basis(tracker: RegimeTracker, now: datetime, quantity: str) -> str:
     """What :func:`remaining_s` went by, in words: ``quantity`` ("acceptance", "load") moved how long ago,
     and what the regimes of that direction on record say (so an operator can tell a 10-s estimate from
@@ -194,4 +212,4 @@ def basis(tracker: RegimeTracker, now: datetime, quantity: str) -> str:
     return f"{head}; {few} of {recorded} earlier {noun} lasted that long: expected to last as long again"
 
 
-__all__ = ["MAX_HISTORY", "RegimeTracker", "basis", "observe", "remaining_s", "restart"]
+__all__ = ["MAX_HISTORY", "RegimeTracker", "basis", "left_band", "observe", "remaining_s", "restart"]

@@ -751,7 +751,7 @@ def test_k_is_chosen_for_a_sustained_load_within_minutes_and_never_for_a_burst(d
     stays. The burst never narrows the load profile K is chosen over (the hour); the step does once it
     has lasted 5 minutes (``load_regime_sustained_s``), and the switching-cost horizon is then what the
     engine's history says of such rises (one 3-minute burst on record: Lindy, as long again as its age)."""
-    from tuner.controller.context import ControllerMemory, build_context
+    from tuner.controller.context import ControllerMemory, DecisionContext, build_context
 
     with Store(db_url) as store:
         store.record_config(KEY, config_record(K2, T0, AppliedBy.STARTUP))
@@ -775,8 +775,10 @@ def test_k_is_chosen_for_a_sustained_load_within_minutes_and_never_for_a_burst(d
                 now += timedelta(seconds=60)
                 ctx, memory = build_context(store, [KEY], stored, now, SETTINGS, [], [], memory)
                 profiles.append(tuple(b for _, b in ctx.load_profile))
+                ticks.append(ctx)
             return profiles
 
+        ticks: list[DecisionContext] = []
         minutes(60, 4.0)
         for profile in minutes(3, 64.0):  # the burst: the hour
             assert len(profile) >= 360 and min(profile) == 4.0
@@ -792,6 +794,12 @@ def test_k_is_chosen_for_a_sustained_load_within_minutes_and_never_for_a_burst(d
         assert ctx.regime_basis == (
             "the load rose 300 s ago; none of 1 earlier rises lasted that long: expected to last as long again"
         )
+        assert ctx.load_before == pytest.approx(4.0)  # where it rose from: where dropping a draft is undone
+        # one minute back at 4: the regime K was chosen for may be ending, so no restart is weighed on it
+        minutes(1, 4.0)
+        ctx = ticks[-1]
+        assert ctx.regime_remaining_s == 0.0
+        assert ctx.regime_basis is not None and ctx.regime_basis.endswith("the regime may be ending")
 
 
 def test_a_shadow_replay_from_before_the_traffic_moved_weighs_no_more_than_the_prior(db_url: str) -> None:

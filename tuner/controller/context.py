@@ -27,7 +27,7 @@ from policies.draft_choice import DraftCandidate, SpecWindow
 from policies.load_window import LoadWindow, choose_load_window, load_tracker
 from policies.memory import FREE_METHODS, KvCapacity
 from policies.positional import PositionData
-from policies.regime import SAMPLED_SCATTER_Z, RegimeTracker, basis, observe, remaining_s, restart
+from policies.regime import SAMPLED_SCATTER_Z, RegimeTracker, basis, left_band, observe, remaining_s, restart
 from policies.spec_config import SpecConfig
 from policies.step_cost import StepCostModel
 from tuner.controller.candidates import current_candidate, same_draft
@@ -75,6 +75,9 @@ class DecisionContext:
     load_profile: tuple[tuple[float, float], ...] = ()
     # the load horizon, or the current load regime once it is sustained (policies.load_window)
     load_window: LoadWindow | None = None
+    # requests running + waiting in the load regime before the current one (policies.regime): where the load
+    # came from, so where a change that serves only this load will likely be undone (None: none observed)
+    load_before: float | None = None
     # T(B, K) from the plugin's per-step records (tuner.controller.step_cost); None: not enough steps
     step_cost: StepCostModel | None = None
     step_cost_note: str | None = None
@@ -689,10 +692,14 @@ def _with_load(
     remaining, why = ctx.regime_remaining_s, ctx.regime_basis
     if window.remaining_s is not None and (remaining is None or window.remaining_s < remaining):
         remaining, why = window.remaining_s, basis(tracker, ctx.now, "load")
+    ending = left_band(tracker, "load") if window.regime else None
+    if ending is not None:  # K is chosen for a load regime that may have just ended: nothing to repay over
+        remaining, why = 0.0, ending
     ctx = replace(
         ctx,
         load_profile=memory.load.since(window.since),
         load_window=window,
+        load_before=tracker.previous_level if tracker.direction != 0 else None,
         regime_remaining_s=remaining,
         regime_basis=why,
     )

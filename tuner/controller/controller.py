@@ -279,6 +279,8 @@ class Controller:
             horizon_s=ctx.regime_remaining_s,
             horizon_basis=ctx.regime_basis,
             restarts=outcome.restarts,
+            way_back_share=outcome.way_back_share,
+            way_back_lag_s=outcome.way_back_lag_s,
             streak_key=outcome.streak_key,
             confidence=self.settings.policy.policy.confidence,
         )

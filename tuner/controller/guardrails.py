@@ -75,6 +75,11 @@ class Proposal:
     # restarts the change commits to within that regime: 2 when it serves only the load now and leaves a
     # config that serves every load (dropping a per-batch-size table's draft), so the way back is another
     restarts: int = 1
+    # the way back's serving lost per second of its restart, in seconds of the current goodput: it comes
+    # when the load falls back, where an engine serves fewer tokens a second (1: charged at the current rate)
+    way_back_share: float = 1.0
+    # seconds of the current goodput lost while the way back waits for the lower load to be sustained
+    way_back_lag_s: float = 0.0
     # what makes proposals in a row the same change for the streak (None: ``target``); a K table's K where
     # the load runs, so its rows elsewhere moving with noise do not restart the count
     streak_key: str | None = None
@@ -227,7 +232,8 @@ def check_switching_cost(s: GuardrailsSection, st: ControllerState, p: Proposal,
         return None
     # The gain starts only once the new engine serves: the first restart's downtime comes out of the
     # regime before any of it is repaid (a 35-s restart at 1.16× needs 254 s of regime, not 219).
-    repay_s = payback_s(p.predicted_gain, s.restart_downtime_s * p.restarts)
+    lost_s = s.restart_downtime_s * (1.0 + (p.restarts - 1) * p.way_back_share) + p.way_back_lag_s
+    repay_s = payback_s(p.predicted_gain, lost_s)
     needed_s = s.restart_downtime_s + repay_s
     horizon_s = s.payback_horizon_s if p.horizon_s is None else min(s.payback_horizon_s, p.horizon_s)
     if needed_s > horizon_s:
@@ -235,9 +241,14 @@ def check_switching_cost(s: GuardrailsSection, st: ControllerState, p: Proposal,
         what = "the expected remaining length of the current regime" if regime else "the payback horizon"
         why = f": {p.horizon_basis}" if regime and p.horizon_basis else ""
         restarts = "A restart costs" if p.restarts == 1 else f"{p.restarts} restarts (there and back) cost"
+        if p.restarts > 1 and (p.way_back_share < 1.0 or p.way_back_lag_s > 0):
+            restarts = (
+                f"{p.restarts} restarts (there and back, the way back at {p.way_back_share:.2f}× the current "
+                f"goodput, after ~{p.way_back_lag_s:.0f} s of it lost waiting) cost"
+            )
         return Block(
             BlockReason.SWITCHING_COST,
-            f"{restarts} ~{s.restart_downtime_s * p.restarts:.0f} s of serving; at {p.predicted_gain:.3f}× it "
+            f"{restarts} ~{lost_s:.0f} s of serving; at {p.predicted_gain:.3f}× it "
             f"takes {repay_s:.0f} s to repay after the {s.restart_downtime_s:.0f}-s restart ({needed_s:.0f} s in "
             f"all), longer than {what} ({horizon_s:.0f} s{why}).",
         )

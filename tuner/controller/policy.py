@@ -39,7 +39,14 @@ from policies.draft_choice import (
     running_speedup,
     spec_for,
 )
-from policies.k_table import KTableSnapshot, k_table, off_gain_over_load, table_gain_over_load
+from policies.k_table import (
+    KTableSnapshot,
+    goodput_over_load,
+    k_table,
+    off_gain_over_load,
+    plain_goodput,
+    table_gain_over_load,
+)
 from policies.memory import DraftFootprint
 from policies.shadow_replay import with_shadow
 from policies.spec_config import OFF, KRow, SpecConfig, k_at
@@ -87,6 +94,9 @@ class PolicyOutcome:
     # restarts the change commits to (guardrails.Proposal.restarts): 2 when leaving a config that serves
     # every load for one that serves only the load now
     restarts: int = 1
+    # the way back's serving lost, in seconds of the current goodput (guardrails.Proposal.way_back_share)
+    way_back_share: float = 1.0
+    way_back_lag_s: float = 0.0
     # what makes two proposals in a row the same change for the streak rail (None: the target's
     # fingerprint): a table's K at the batch sizes the load runs, not its rows elsewhere, which move with noise
     streak_key: str | None = None
@@ -366,24 +376,69 @@ def _drop_draft(
         return None
     seconds = sum(s for s, _ in profile)
     mean = sum(s * b for s, b in profile) / seconds
+    share, lag_s, way_back = _way_back(ctx, settings, model, step_cost, old_rows, new_rows, profile, k_engine, mean)
     details["drop_draft"] = {
         "over_best_table": over_best.gain,
         "over_best_table_ci": list(over_best.interval),
         "load_s": seconds,
         "mean_load": mean,
+        "way_back_share": share,
+        "way_back_lag_s": lag_s,
     }
     return PolicyOutcome(
         PolicyReason.DROP_DRAFT,
         f"{ctx.alpha.message} Drop the draft (speculation off): over the load of the last {seconds:.0f} s "
         f"(mean {mean:.1f} requests), plain decoding makes {over_best.gain:.2f}× "
         f"({over_best.interval[0]:.2f}–{over_best.interval[1]:.2f}×) the tokens of the best table, whose "
-        "K = 0 rows still pay the draft's pass.",
+        f"K = 0 rows still pay the draft's pass.{way_back}",
         OFF,
         over_current.gain,
         over_current.interval,
         details=details,
         # the table served every load; plain decoding serves only this one, and coming back is a restart
         restarts=2,
+        way_back_share=share,
+        way_back_lag_s=lag_s,
+    )
+
+
+def _way_back(
+    ctx: DecisionContext,
+    settings: PolicySettings,
+    model: AcceptanceModel,
+    step_cost: StepCostModel,
+    old_rows: tuple[KRow, ...],
+    new_rows: tuple[KRow, ...],
+    profile: Sequence[tuple[float, float]],
+    k_engine: int,
+    mean_load: float,
+) -> tuple[float, float, str]:
+    """What bringing the draft back will cost, in the current config's goodput: the share of a second of
+    it that each second of that restart loses, the seconds of it lost while the draft is not back yet, and
+    a sentence saying so (empty when it is charged as a restart at the current goodput).
+
+    The draft comes back when the load falls to where speculation pays again; its restart then stops an
+    engine without a draft serving that lower load, which makes fewer tokens a second than this one does
+    now (charged at the current goodput, a restart back to one stream cost 10× what it does: the
+    simulator's lab_gpu_like, 263 against ~23 tokens/s). And the draft comes back only once that load is
+    sustained (``load_regime_sustained_s``): until then plain decoding serves it, short of the table. The
+    best guess of that lower load is the level the load rose from (policies.regime); unknown, or not
+    lower, it is charged as a restart at the current rate."""
+    back = ctx.load_before
+    if back is None or not back < mean_load:
+        return 1.0, 0.0, ""
+    p = settings.policy
+    now_rate = goodput_over_load(ctx.now, model, step_cost, old_rows, profile, p.max_batch_size, k_engine)
+    back_off = plain_goodput(step_cost, back, p.max_batch_size)
+    back_table = goodput_over_load(ctx.now, model, step_cost, new_rows, ((1.0, back),), p.max_batch_size, k_engine)
+    if now_rate is None or back_table is None or not (now_rate > 0 and back_off > 0):
+        return 1.0, 0.0, ""
+    share = min(back_off / now_rate, 1.0)
+    lag_s = p.load_regime_sustained_s * max(back_table - back_off, 0.0) / now_rate
+    return share, lag_s, (
+        f" Bringing the draft back is a restart at the load this one rose from ({back:.1f} requests), where "
+        f"plain decoding makes {share:.2f}× the tokens a second the current config makes now, after "
+        f"{p.load_regime_sustained_s:.0f} s of it short of the table (~{lag_s:.0f} s of the current goodput)."
     )
 
 

@@ -273,3 +273,18 @@ def test_a_change_that_commits_to_a_way_back_repays_both_restarts() -> None:
     assert both is not None and both.reason is BlockReason.SWITCHING_COST
     assert "2 restarts (there and back) cost ~180 s" in both.message and "900 s to repay" in both.message
     assert check_switching_cost(rails, ControllerState(), replace(one, restarts=2, horizon_s=1000.0), T0) is None
+
+
+def test_the_way_back_is_charged_at_the_load_it_comes_at() -> None:
+    # Plain decoding at 1.2× for a 600 s regime: two 90-s restarts at today's goodput need 900 s to repay.
+    # The way back comes at a lower load, where an engine makes a quarter of today's tokens a second, after
+    # 30 s' worth of today's goodput lost waiting for that load to be sustained: 90 + 22.5 + 30 s to repay
+    rails = GuardrailsSection(restart_downtime_s=90.0, payback_horizon_s=3600.0)
+    both = Proposal("x", 1.2, (1.1, 1.3), 10_000, 300.0, horizon_s=1000.0, restarts=2)
+    cheap = replace(both, way_back_share=0.25, way_back_lag_s=30.0)
+    assert check_switching_cost(rails, ControllerState(), replace(both, horizon_s=900.0), T0) is not None
+    assert check_switching_cost(rails, ControllerState(), replace(cheap, horizon_s=900.0), T0) is None
+    block = check_switching_cost(rails, ControllerState(), replace(cheap, horizon_s=700.0), T0)
+    assert block is not None and block.reason is BlockReason.SWITCHING_COST
+    assert "the way back at 0.25× the current goodput, after ~30 s of it lost waiting" in block.message
+    assert "cost ~142 s of serving" in block.message and "(803 s in all)" in block.message

@@ -195,6 +195,17 @@ def test_under_a_sustained_full_batch_a_table_drops_its_draft() -> None:
     assert out.predicted_gain is not None and out.predicted_gain_ci is not None
     assert out.predicted_gain_ci[0] > 1.0 and "best table" in out.message
     assert out.details["drop_draft"]["mean_load"] == 16.0
+    # where the load came from unknown, the way back is charged as a restart at today's goodput
+    assert out.way_back_share == 1.0 and out.way_back_lag_s == 0.0 and "Bringing the draft back" not in out.message
+    # it rose from one stream: the way back stops an engine serving one stream (a fraction of today's
+    # tokens a second), after the load window's wait for that load to be sustained, short of the table
+    rose = propose(replace(full, load_before=1.0), TABLE_SETTINGS)
+    assert rose.reason is PolicyReason.DROP_DRAFT and rose.restarts == 2
+    assert 0.0 < rose.way_back_share < 1.0 and rose.way_back_lag_s > 0.0
+    assert "at the load this one rose from (1.0 requests)" in rose.message
+    assert rose.details["drop_draft"]["way_back_share"] == rose.way_back_share
+    # from a load no lower than today's: charged as before
+    assert propose(replace(full, load_before=32.0), TABLE_SETTINGS).way_back_share == 1.0
     # a lone stream half the time: the table wins there by far more than the draft costs at 16 — keep it
     mixed = replace(full, load_profile=tuple((20.0, b) for _, b in MIXED_LOAD))
     kept = propose(mixed, TABLE_SETTINGS)

@@ -9,7 +9,7 @@ from itertools import pairwise
 import numpy as np
 import pytest
 
-from policies.regime import SAMPLED_SCATTER_Z, RegimeTracker, basis, observe, remaining_s, restart
+from policies.regime import SAMPLED_SCATTER_Z, RegimeTracker, basis, left_band, observe, remaining_s, restart
 
 T0 = datetime(2026, 1, 5, tzinfo=UTC)
 
@@ -102,3 +102,27 @@ def test_a_scatter_its_own_observations_show_is_not_a_new_regime_but_a_move_beyo
     for i in range(2):
         wide = observe(wide, T0 + timedelta(seconds=60 * (5 + i)), 0.6, noise=0.05)
     assert wide.lengths_s == (300.0,)
+
+
+def test_a_regime_whose_last_observation_left_its_band_may_be_ending() -> None:
+    """Hourly 20-minute rises on record, the current one 20 minutes old: none lasted longer, so Lindy
+    says 20 minutes more — but once the last observation is outside the band the regime may be ending,
+    and ``left_band`` says so (the controller then weighs no restart on it) until the next observation
+    confirms the move (a new regime, with the level it rose from kept) or folds it back."""
+    up = [0.4] * 40 + [0.7] * 20
+    t = _track(up * 3 + [0.4] * 40 + [0.7] * 20)
+    now = T0 + timedelta(seconds=60 * len(up) * 4)
+    assert remaining_s(t, now) == pytest.approx(1200.0)  # Lindy: no rise on record lasted past 20 minutes
+    assert left_band(t, "load") is None
+    left = observe(t, now, 0.4)
+    assert left.outside
+    said = left_band(left, "load")
+    assert said is not None and said.startswith("the load left its regime's band (0.7 ± 0.05)")
+    assert said.endswith("at the last observation (0.4): the regime may be ending")
+    later = now + timedelta(seconds=60)
+    back = observe(left, later, 0.7)  # folded back: the regime goes on
+    assert not back.outside and left_band(back, "load") is None
+    fell = observe(left, later, 0.4)  # confirmed: a fall, from 0.7, begun at the first outside observation
+    assert fell.direction == -1 and fell.previous_level == pytest.approx(0.7) and left_band(fell, "load") is None
+    assert remaining_s(fell, later) == pytest.approx(40 * 60.0 - 60.0)  # falls on record lasted 40 minutes
+    assert restart(fell, now).previous_level is None
