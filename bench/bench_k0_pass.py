@@ -8,10 +8,12 @@ holes for requests that lived through K = 0 steps. Measured side by side in one 
 (gpu-like by default), each engine an offline vLLM in a process of its own, visited ``--visits`` times in
 rotation (machine drift hits every engine alike):
 
-1. **Throughput at 64 streams** (greedy, ``--tokens`` tokens each, all at once) of three engines: ``off``
-   (no speculation), ``runs`` (the good draft, table K = 3 up to 8 sequences and K = 0 above: vLLM's
-   own behaviour) and ``skipped`` (the same table, the pass skipped). Ratios skipped ÷ runs and
-   skipped ÷ off.
+1. **Throughput at 64 streams** (greedy, ``--tokens`` tokens each, all at once) of the engines
+   (``--engines``): ``off`` (no speculation), ``runs`` (the good draft, table K = 3 up to 8 sequences and
+   K = 0 above: vLLM's own behaviour), ``skipped`` (the same table, the pass skipped in decode-only steps)
+   and ``all`` (``SPECTUNER_SKIP_K0_DRAFT_PASS=all``: steps with a prompt skip it too; only without prefix
+   caching, so ``all`` needs ``--no-prefix-caching``, which starts every engine without it). Ratios
+   skipped ÷ runs, skipped ÷ off, all ÷ off.
 2. **Acceptance of requests that lived through K = 0** on ``runs`` and ``skipped``: 8 long requests
    (``--long-tokens``) among 56 short ones (``--short-tokens``) start together at 64 sequences (K = 0:
    the prompts and first tokens skip the draft), then draft at K = 3 once the short ones are done;
@@ -19,6 +21,8 @@ rotation (machine drift hits every engine alike):
    compared with the fresh ones' (the target verifies every token: they must be identical).
 
     .venv/bin/python bench/bench_k0_pass.py [--models-dir .lab/gpu-models] [--visits 2]
+    .venv/bin/python bench/bench_k0_pass.py --engines off,runs,skipped,all --no-prefix-caching \
+        --out bench/results/k0_pass_all.json
 
 Writes bench/results/k0_pass.json and k0_pass.md.
 """
@@ -46,7 +50,7 @@ from tuner.lab.serve import engine_tmp_dir  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
 TABLE = [[1, 8, 3], [9, 64, 0]]
-ENGINES = ("off", "runs", "skipped")
+ENGINES = ("off", "runs", "skipped", "all")
 
 
 def worker(args: dict[str, Any]) -> dict[str, Any]:
@@ -59,6 +63,7 @@ def worker(args: dict[str, Any]) -> dict[str, Any]:
     kw: dict[str, Any] = {
         "model": args["target"], "tokenizer": args["tokenizer"], "dtype": "float32", "max_model_len": 512,
         "max_num_seqs": 64, "enforce_eager": True, "disable_log_stats": False, "seed": 0,
+        "enable_prefix_caching": args["prefix_caching"],
     }
     if args["draft"]:
         kw["speculative_config"] = {"method": "draft_model", "model": args["draft"], "num_speculative_tokens": 3,
@@ -111,6 +116,7 @@ def run_engine(name: str, models_dir: Path, work: Path, args: argparse.Namespace
         "target": manifest.target.path, "tokenizer": manifest.tokenizer_path,
         "draft": None if name == "off" else manifest.drafts["good"].path,
         "reps": args.reps, "tokens": args.tokens, "long_tokens": args.long_tokens, "short_tokens": args.short_tokens,
+        "prefix_caching": args.prefix_caching,
     }
     tmp, owned = engine_tmp_dir(run_dir)
     tmp.mkdir(parents=True, exist_ok=True)
@@ -118,8 +124,8 @@ def run_engine(name: str, models_dir: Path, work: Path, args: argparse.Namespace
                "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
                "VLLM_CPU_KVCACHE_SPACE": "4", "PYTHONPATH": str(REPO)}
     environ.pop(env.SKIP_K0_DRAFT_PASS, None)
-    if name == "skipped":
-        environ[env.SKIP_K0_DRAFT_PASS] = "1"
+    if name in ("skipped", "all"):
+        environ[env.SKIP_K0_DRAFT_PASS] = "1" if name == "skipped" else "all"
     out = run_dir / "result.json"
     print(f"== {name} (visit {visit + 1})", flush=True)
     try:
@@ -140,19 +146,21 @@ def run_engine(name: str, models_dir: Path, work: Path, args: argparse.Namespace
 
 def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     tok = {name: statistics.median(x for r in rs for x in r["tok_s_64"]) for name, rs in runs.items()}
+    drafting = [name for name in runs if name != "off"]
 
     def pooled(name: str, part: str) -> float | None:
         drafted = sum(r[part]["draft_tokens"] for r in runs[name])
         return round(sum(r[part]["accepted_tokens"] for r in runs[name]) / drafted, 4) if drafted else None
 
+    ratios = {f"{a}_vs_{b}_64": round(tok[a] / tok[b], 3)
+              for a, b in (("skipped", "runs"), ("skipped", "off"), ("runs", "off"), ("all", "off"), ("all", "runs"))
+              if a in tok and b in tok}
     return {
         "tok_s_64_median": {k: round(v, 1) for k, v in tok.items()},
-        "skipped_vs_runs_64": round(tok["skipped"] / tok["runs"], 3),
-        "skipped_vs_off_64": round(tok["skipped"] / tok["off"], 3),
-        "runs_vs_off_64": round(tok["runs"] / tok["off"], 3),
+        **ratios,
         "acceptance": {name: {"through_k0": pooled(name, "through_k0"), "fresh": pooled(name, "fresh")}
-                       for name in ("runs", "skipped")},
-        "greedy_text_identical": all(r["same_text"] for name in ("runs", "skipped") for r in runs[name]),
+                       for name in drafting},
+        "greedy_text_identical": all(r["same_text"] for name in drafting for r in runs[name]),
     }
 
 
@@ -167,18 +175,29 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=64, help="tokens per request at 64 streams")
     parser.add_argument("--long-tokens", type=int, default=160)
     parser.add_argument("--short-tokens", type=int, default=40)
+    parser.add_argument("--engines", type=lambda s: [e for e in s.split(",") if e], default=["off", "runs", "skipped"],
+                        help=f"which of {','.join(ENGINES)} to measure")
+    parser.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                        help="every engine with vLLM's prefix caching (the default) or without (needed by 'all')")
     parser.add_argument("--out", type=Path, default=RESULTS / "k0_pass.json")
     args = parser.parse_args()
+    unknown = sorted(set(args.engines) - set(ENGINES))
+    if unknown or not args.engines:
+        parser.error(f"--engines: unknown {unknown}; choose from {','.join(ENGINES)}")
+    if "all" in args.engines and args.prefix_caching:
+        parser.error("the engine 'all' skips prompt steps only without prefix caching: add --no-prefix-caching")
     work = args.models_dir.parent / "run" / "bench-k0-pass"
     shutil.rmtree(work, ignore_errors=True)
     t0 = time.time()
-    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in ENGINES}
+    engines = tuple(args.engines)
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in engines}
     for visit in range(args.visits):
-        for name in ENGINES if visit % 2 == 0 else tuple(reversed(ENGINES)):
+        for name in engines if visit % 2 == 0 else tuple(reversed(engines)):
             runs[name].append(run_engine(name, args.models_dir, work, args, visit))
     summary = summarize(runs)
     doc = {"when": datetime.now(UTC).isoformat(timespec="seconds"), "models_dir": str(args.models_dir),
-           "table": TABLE, "visits": args.visits, "reps": args.reps, "tokens": args.tokens,
+           "table": TABLE, "engines": list(engines), "prefix_caching": args.prefix_caching,
+           "visits": args.visits, "reps": args.reps, "tokens": args.tokens,
            "long_tokens": args.long_tokens, "short_tokens": args.short_tokens, "wall_s": round(time.time() - t0, 1),
            "runs": runs, "summary": summary}
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -187,13 +206,14 @@ def main() -> int:
     md = [
         "# K = 0 without the draft's pass (bench/bench_k0_pass.py)", "",
         f"Run {doc['when']} on {args.models_dir}: table {TABLE}, {args.visits} visits × {args.reps} runs of 64 "
-        f"streams × {args.tokens} tokens; {doc['wall_s']:.0f} s.", "",
+        f"streams × {args.tokens} tokens, prefix caching {'on' if args.prefix_caching else 'off'} in every engine; "
+        f"{doc['wall_s']:.0f} s.", "",
         "| engine | tok/s at 64 streams (median) |", "|---|---|",
-        *[f"| {name} | {summary['tok_s_64_median'][name]} |" for name in ENGINES], "",
-        f"skipped ÷ runs **{summary['skipped_vs_runs_64']}**, skipped ÷ off **{summary['skipped_vs_off_64']}**, "
-        f"runs ÷ off {summary['runs_vs_off_64']}.", "",
+        *[f"| {name} | {summary['tok_s_64_median'][name]} |" for name in engines], "",
+        ", ".join(f"{k.removesuffix('_64').replace('_vs_', ' ÷ ')} **{v}**" for k, v in summary.items()
+                  if k.endswith("_64") and k != "tok_s_64_median") + ".", "",
         "| engine | acceptance after K = 0 steps | acceptance, fresh requests |", "|---|---|---|",
-        *[f"| {name} | {acc[name]['through_k0']} | {acc[name]['fresh']} |" for name in ("runs", "skipped")], "",
+        *[f"| {name} | {acc[name]['through_k0']} | {acc[name]['fresh']} |" for name in acc], "",
         f"Greedy text of the requests that lived through K = 0 identical to fresh ones: "
         f"{summary['greedy_text_identical']}.",
     ]

@@ -238,6 +238,17 @@ def best_table(manifest: Any, alpha: float, k_max: int, max_batch: int, k0_pass:
     return table.as_vllm()
 
 
+def _prompt_skip(args: argparse.Namespace) -> bool:
+    return bool(args.skip_k0_pass and args.skip_k0_prompt_pass)
+
+
+def engine_args(args: argparse.Namespace) -> tuple[str, ...]:
+    """vLLM arguments every engine of the run gets alike, fixed cells and spectuner's: without prefix caching
+    when K = 0 steps with a prompt skip the draft too (``--skip-k0-prompt-pass``; the plugin skips them only
+    where no prompt block is shared)."""
+    return ("--no-enable-prefix-caching",) if _prompt_skip(args) else ()
+
+
 def measure_engine(draft: str, settings: list[tuple[str, list[list[int]] | None]], args: argparse.Namespace,
                    workdir: Path, visit: int, cells: list[dict[str, Any]]) -> float:
     """One visit of one engine: every phase's conditions, every setting (a K table set live) a cell each."""
@@ -250,12 +261,12 @@ def measure_engine(draft: str, settings: list[tuple[str, list[list[int]] | None]
         token = load_or_create_token(token_file, create=True)
         sock = Path(tempfile.mkdtemp(prefix="sl-")) / "ctl.sock"  # a unix socket path must stay short
         env = plugin_env(ingest_url=None, control_address=f"unix:{sock}", token_file=token_file,
-                         skip_k0_draft_pass=args.skip_k0_pass)
+                         skip_k0_draft_pass=args.skip_k0_pass, skip_k0_prompt_pass=_prompt_skip(args))
         control = ControlClient(f"unix:{sock}", token)
     server = LabServer(draft=draft, k=args.k_max if spec else 0,
                        per_batch_size=[[1, args.max_batch, 3]] if spec else None,
                        models_dir=args.models_dir, workdir=workdir / tag, max_num_seqs=args.max_batch,
-                       extra_env=env, startup_timeout_s=600.0)
+                       extra_env=env, startup_timeout_s=600.0, extra_args=engine_args(args))
     print(f"== {draft} (visit {visit + 1}): starting the engine", flush=True)
     startup_s = server.start()
     load = StreamLoad(server.base_url, server.model_name, args.max_batch, args.max_tokens, seed=visit)
@@ -321,7 +332,7 @@ def run_spectuner(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     run_dir = workdir / "spectuner"
     run_dir.mkdir(parents=True, exist_ok=True)
     server = LabServer(draft="none", k=0, models_dir=args.models_dir, workdir=run_dir / "engine",
-                       max_num_seqs=args.max_batch)
+                       max_num_seqs=args.max_batch, extra_args=engine_args(args))
     db_url = f"sqlite:///{run_dir / 'spectuner.db'}"
     upgrade(db_url)
     door = free_port()
@@ -338,7 +349,8 @@ def run_spectuner(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     doc["actuator"]["live"] = {"fallback": "restart", "k_max": args.k_max}
     sock = Path(tempfile.mkdtemp(prefix="sl-")) / "ctl.sock"
     doc["plugin"] = {"ingest_listen": f"127.0.0.1:{free_port()}", "control_address": f"unix:{sock}",
-                     "token_file": str(run_dir / "plugin.token"), "skip_draft_pass_at_k0": args.skip_k0_pass}
+                     "token_file": str(run_dir / "plugin.token"), "skip_draft_pass_at_k0": args.skip_k0_pass,
+                     "skip_draft_pass_at_k0_prompts": _prompt_skip(args)}
     doc["speculative"]["num_speculative_tokens"] = args.k_max
     table = [[1, args.max_batch, args.start[1]]]
     doc["speculative"].setdefault("extra", {})["num_speculative_tokens_per_batch_size"] = table
@@ -628,6 +640,9 @@ def main() -> int:
     parser.add_argument("--skip-k0-pass", action=argparse.BooleanOptionalAction, default=True,
                         help="every engine with a draft skips the draft's pass in K = 0 steps ([plugin] "
                              "skip_draft_pass_at_k0), spectuner's and the fixed ones alike")
+    parser.add_argument("--skip-k0-prompt-pass", action=argparse.BooleanOptionalAction, default=True,
+                        help="with --skip-k0-pass: steps with a prompt skip it too ([plugin] "
+                             "skip_draft_pass_at_k0_prompts), and every engine runs without prefix caching")
     parser.add_argument("--drafts", type=lambda s: [d for d in s.split(",") if d],
                         default=["good", "medium", "weak", "ngram"], help="lab drafts measured and registered")
     parser.add_argument("--start", type=_draft_k, default=START, help="spectuner's start, DRAFT:K (medium:3)")
@@ -685,7 +700,8 @@ def main() -> int:
     doc = {
         "when": datetime.now(UTC).isoformat(timespec="seconds"), "models_dir": str(args.models_dir),
         "phase_s": args.phase_s, "cell_s": args.cell_s, "visits": args.visits, "max_tokens": args.max_tokens,
-        "skip_k0_draft_pass": args.skip_k0_pass,
+        "skip_k0_draft_pass": args.skip_k0_pass, "skip_k0_prompt_pass": _prompt_skip(args),
+        "engine_args": list(engine_args(args)),
         "phases": [p.name for p in PHASES], "wall_s": round(time.time() - t0, 1),
         "load_average_before": load_before, "load_average_after": [round(x, 2) for x in os.getloadavg()],
         "fixed": fixed_info, "cells": cells, "spectuner": sp,

@@ -232,6 +232,24 @@ class PluginSection(_Section):
             "request that lived through K = 0 steps drafts worse afterwards (docs/plugin.md)"
         ),
     )
+    skip_draft_pass_at_k0_prompts: bool = Field(
+        default=False,
+        description=(
+            "with skip_draft_pass_at_k0: K = 0 steps with a prompt in them skip the pass too "
+            "(SPECTUNER_SKIP_K0_DRAFT_PASS=all), so a K = 0 row costs exactly plain decoding; only on an engine "
+            "started with --no-enable-prefix-caching (with prefix caching on, the engine keeps those passes and "
+            "says so), and a request that began at K = 0 drafts without its prompt if K rises while it runs"
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _prompts_need_the_skip(self) -> PluginSection:
+        if self.skip_draft_pass_at_k0_prompts and not self.skip_draft_pass_at_k0:
+            raise ValueError(
+                "skip_draft_pass_at_k0_prompts = true needs skip_draft_pass_at_k0 = true (it widens that skip to "
+                "steps with a prompt); set both, or neither"
+            )
+        return self
 
     @field_validator("ingest_listen")
     @classmethod

@@ -64,13 +64,18 @@ def engine_plugin_env(config: SpectunerConfig) -> dict[str, str]:
     p = config.plugin
     if not (p.ingest_listen or p.control_address):
         return plugin_env(
-            ingest_url=None, control_address=None, token_file=None, skip_k0_draft_pass=p.skip_draft_pass_at_k0
+            ingest_url=None,
+            control_address=None,
+            token_file=None,
+            skip_k0_draft_pass=p.skip_draft_pass_at_k0,
+            skip_k0_prompt_pass=p.skip_draft_pass_at_k0_prompts,
         )
     return plugin_env(
         ingest_url=f"http://{p.ingest_listen}{STEPS_PATH}" if p.ingest_listen else None,
         control_address=p.control_address,
         token_file=config.resolve(p.token_file),
         skip_k0_draft_pass=p.skip_draft_pass_at_k0,
+        skip_k0_prompt_pass=p.skip_draft_pass_at_k0_prompts,
     )
 
 
@@ -129,6 +134,7 @@ def build_actuator(config: SpectunerConfig, feed: StepFeed | None = None, kind: 
             verify_timeout_s=a.live.verify_timeout_s,
             min_evidence_steps=a.live.min_evidence_steps,
             k0_pass_skipped=config.plugin.skip_draft_pass_at_k0,
+            k0_prompt_pass_skipped=config.plugin.skip_draft_pass_at_k0_prompts,
         )
     if kind == "restart" and a.restart is not None:
         # [actuator] strategy: plain restart, or drain-and-hold / blue-green behind the front door.

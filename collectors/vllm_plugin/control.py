@@ -158,6 +158,7 @@ class LiveK:
             k0_draft_pass=str(k0.get("k0_draft_pass", "runs")),
             k0_passes_skipped=int(k0.get("k0_passes_skipped", 0)),
             k0_passes_run=int(k0.get("k0_passes_run", 0)),
+            k0_prompt_pass=str(k0.get("k0_prompt_pass", "runs")),
         )
 
     def check_table(self, table: Any) -> list[list[int]]:

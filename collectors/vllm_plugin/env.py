@@ -12,13 +12,23 @@ TOKEN_FILE = "SPECTUNER_PLUGIN_TOKEN_FILE"  # or a file holding it (keeps it out
 QUEUE_MAX = "SPECTUNER_PLUGIN_QUEUE_MAX"  # step records held while the sidecar is slow (default 20000)
 BATCH_MAX = "SPECTUNER_PLUGIN_BATCH_MAX"  # records per POST (default 512)
 FLUSH_S = "SPECTUNER_PLUGIN_FLUSH_S"  # seconds between POSTs while steps arrive (default 0.25)
-SKIP_K0_DRAFT_PASS = "SPECTUNER_SKIP_K0_DRAFT_PASS"  # "1": a K = 0 step skips the draft model's pass
+# "1": a decode-only K = 0 step skips the draft model's pass; "all": every K = 0 step, on an engine
+# without prefix caching (collectors.vllm_plugin.k0_pass)
+SKIP_K0_DRAFT_PASS = "SPECTUNER_SKIP_K0_DRAFT_PASS"
 
 
 def env_flag(name: str, environ: dict[str, str] | None = None) -> bool:
     """A yes/no switch: "1", "true", "yes", "on" (any case) are yes; anything else, unset included, is no."""
     env = os.environ if environ is None else environ
     return env.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def k0_skip_mode(environ: dict[str, str] | None = None) -> str:
+    """``SKIP_K0_DRAFT_PASS`` read: "all", "decode" (a yes of :func:`env_flag`) or "off"."""
+    env = os.environ if environ is None else environ
+    if env.get(SKIP_K0_DRAFT_PASS, "").strip().lower() == "all":
+        return "all"
+    return "decode" if env_flag(SKIP_K0_DRAFT_PASS, environ) else "off"
 
 
 def read_token(environ: dict[str, str] | None = None) -> str | None:

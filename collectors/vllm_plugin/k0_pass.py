@@ -1,4 +1,4 @@
-"""Skip the draft model's pass in decode-only steps drafted at K = 0 (stdlib and vLLM only).
+"""Skip the draft model's pass in steps drafted at K = 0 (stdlib and vLLM only).
 
 vLLM's model-based proposers (draft_model, EAGLE, MTP: ``SpecDecodeBaseProposer``) run the draft's
 first forward at every step, K = 0 included, so that the draft's KV cache holds every token; at K = 0
@@ -12,6 +12,14 @@ A step with more than one token for some request (a prompt or a chunk of one; to
 step before, being verified) still runs the pass. Why: prompts are what prefix caching shares between
 requests. A prompt block whose draft KV was never written would be reused with holes by every later
 request with that prefix (a shared system prompt) for as long as it stays cached.
+
+With ``SPECTUNER_SKIP_K0_DRAFT_PASS=all`` steps with a prompt in them skip the pass too — on an engine
+that runs without prefix caching (``--no-enable-prefix-caching``), where no block is shared and a hole
+stays with the one request that made it; with prefix caching on, ``all`` acts as ``1`` (and says why). A
+K = 0 step then costs what plain decoding costs: under a short-answer load at 64 streams a prompt enters
+most steps, and the decode-only skip saved little (the live benchmark's 32–96-token answers: ~63 % of the
+K = 0 steps kept the pass). The price is larger: a request that began in a skipped step has no draft KV
+for its prompt, so if K rises while it runs it drafts against a cache that never saw it, until it ends.
 
 The price that remains: the draft's cache misses the tokens *generated* in skipped steps, so a request
 that lived through them drafts worse once K > 0 again (its draft attends to stale slots), and so does a
@@ -57,9 +65,12 @@ class _Counter:
             self.count += 1
 
 
-SKIPPED = _Counter()  # decode-only K = 0 steps: no draft pass
+SKIPPED = _Counter()  # K = 0 steps without the draft's pass
 RAN = _Counter()  # K = 0 steps with a prompt (or verified drafts) in them: the pass ran
 _state: dict[str, str] = {"k0_draft_pass": "runs"}
+# "all" asked for: this process's verdict on prompt steps, set at its first K = 0 step with a prompt
+# ("skipped", or why not); the engine core reads its workers' from what they publish
+_prompts: dict[str, str | bool] = {"asked": False, "verdict": ""}
 _published = {"at": float("-inf")}
 
 
@@ -76,22 +87,38 @@ def _publish(force: bool = False) -> None:
     path = _counts_path(os.getppid(), os.getpid())
     try:
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"skipped": SKIPPED.count, "run": RAN.count}))
+        tmp.write_text(json.dumps({"skipped": SKIPPED.count, "run": RAN.count, "prompts": _prompts["verdict"]}))
         os.replace(tmp, path)
     except OSError:
         pass
 
 
-def _worker_counts() -> tuple[int, int]:
-    """Counts the engine core's workers published (its own pid is their parent's)."""
+def _worker_counts() -> tuple[int, int, list[str]]:
+    """Counts the engine core's workers published (its own pid is their parent's), and their verdicts on
+    prompt steps (those that have one)."""
     skipped = run = 0
+    verdicts: list[str] = []
     for path in Path(tempfile.gettempdir()).glob(f"{_COUNTS_PREFIX}-{os.getpid()}-*.json"):
         try:
             data = json.loads(path.read_text())
             skipped, run = skipped + int(data["skipped"]), run + int(data["run"])
+            if data.get("prompts"):
+                verdicts.append(str(data["prompts"]))
         except (OSError, ValueError, KeyError, TypeError):
             continue
-    return skipped, run
+    return skipped, run, verdicts
+
+
+def _prompt_verdict(proposer: Any) -> str:
+    """Whether this engine's prompt steps may skip the pass: "skipped", or why not. Only without prefix
+    caching (vLLM's ``cache_config.enable_prefix_caching``; unknown counts as on)."""
+    cache_config = getattr(getattr(proposer, "vllm_config", None), "cache_config", None)
+    if getattr(cache_config, "enable_prefix_caching", True) is not False:
+        return (
+            "the engine runs with prefix caching, which would share prompt blocks without draft KV: steps "
+            "with a prompt keep the pass (start it with --no-enable-prefix-caching to skip them too)"
+        )
+    return "skipped"
 
 
 def _remove_published() -> None:
@@ -101,18 +128,36 @@ def _remove_published() -> None:
 
 def state() -> dict[str, Any]:
     """``k0_draft_pass``: "skipped" when installed, "runs" otherwise (with ``k0_skip_reason`` when asked
-    for and unavailable); ``k0_passes_skipped``: decode-only K = 0 steps that skipped the pass, in this
-    process and in the workers it started (published at most a second late); ``k0_passes_run``: K = 0
-    steps that ran it while installed (a prompt in the step)."""
-    skipped, run = _worker_counts()
-    return {**_state, "k0_passes_skipped": SKIPPED.count + skipped, "k0_passes_run": RAN.count + run}
+    for and unavailable); ``k0_passes_skipped``: K = 0 steps that skipped the pass, in this process and in
+    the workers it started (published at most a second late); ``k0_passes_run``: K = 0 steps that ran it
+    while installed (a prompt in the step); ``k0_prompt_pass``: "skipped" when steps with a prompt skip it
+    too (``all`` on an engine without prefix caching), "unknown" until the first such step, else "runs"
+    (with ``k0_prompt_skip_reason`` when ``all`` was asked for)."""
+    skipped, run, verdicts = _worker_counts()
+    out: dict[str, Any] = {
+        **_state,
+        "k0_passes_skipped": SKIPPED.count + skipped,
+        "k0_passes_run": RAN.count + run,
+        "k0_prompt_pass": "runs",
+    }
+    if _prompts["asked"] and _state["k0_draft_pass"] == "skipped":
+        verdicts = [*verdicts, str(_prompts["verdict"])] if _prompts["verdict"] else verdicts
+        if not verdicts:
+            out["k0_prompt_pass"] = "unknown"  # no K = 0 step with a prompt yet: the workers have not looked
+        elif all(v == "skipped" for v in verdicts):
+            out["k0_prompt_pass"] = "skipped"
+        else:
+            out["k0_prompt_skip_reason"] = next(v for v in verdicts if v != "skipped")
+    return out
 
 
 def install(environ: dict[str, str] | None = None) -> bool:
     """Wrap the proposer when ``SPECTUNER_SKIP_K0_DRAFT_PASS`` says so and this vLLM has what the wrapper
     needs. Returns whether the pass is now skipped. Never raises: the engine must come up regardless."""
-    if not env.env_flag(env.SKIP_K0_DRAFT_PASS, environ):
+    mode = env.k0_skip_mode(environ)
+    if mode == "off":
         return False
+    _prompts["asked"] = mode == "all"
     report = runtime_report(K0_PASS_FEATURES)
     if not report.ok(SKIP_K0_PASS.name):
         _state["k0_skip_reason"] = report.reason(SKIP_K0_PASS.name)
@@ -129,13 +174,23 @@ def install(environ: dict[str, str] | None = None) -> bool:
         original = cls.propose
         signature = inspect.signature(original)
 
+        def _prompts_skipped(self: Any) -> bool:
+            if not _prompts["verdict"]:
+                _prompts["verdict"] = _prompt_verdict(self)
+                if _prompts["verdict"] != "skipped":
+                    log.warning("spectuner plugin: %s", _prompts["verdict"])
+                _publish(force=True)
+            return _prompts["verdict"] == "skipped"
+
         def skipped(self: Any, num_speculative_tokens: int, target_token_ids: Any, args: Any, kwargs: Any) -> Any:
             """vLLM's own K = 0 answer without the forward, or None when the pass must run."""
             cad = kwargs.get("common_attn_metadata")
             if cad is None:  # passed by position (vLLM passes it by keyword)
                 bound = signature.bind_partial(self, num_speculative_tokens, target_token_ids, *args, **kwargs)
                 cad = bound.arguments["common_attn_metadata"]
-            if getattr(cad, "max_query_len", 2) > 1:  # a prompt (or verified drafts) in the step: keep the cache whole
+            # a prompt (or verified drafts) in the step: keep the cache whole, unless asked not to where no
+            # prompt block is shared
+            if getattr(cad, "max_query_len", 2) > 1 and not (_prompts["asked"] and _prompts_skipped(self)):
                 RAN.add()
                 _publish(force=RAN.count == 1)
                 return None
@@ -168,5 +223,9 @@ def install(environ: dict[str, str] | None = None) -> bool:
         log.warning("spectuner plugin: the draft's pass at K = 0 still runs: %s", _state["k0_skip_reason"])
         return False
     _state["k0_draft_pass"] = "skipped"
-    log.info("spectuner plugin: K = 0 steps skip the draft model's pass (%s=1)", env.SKIP_K0_DRAFT_PASS)
+    log.info(
+        "spectuner plugin: K = 0 steps skip the draft model's pass (%s=%s)",
+        env.SKIP_K0_DRAFT_PASS,
+        "all: steps with a prompt too, without prefix caching" if _prompts["asked"] else "1: decode-only steps",
+    )
     return True

@@ -92,6 +92,9 @@ class ControlState:
     k0_draft_pass: str = "runs"
     k0_passes_skipped: int = 0
     k0_passes_run: int = 0
+    # "skipped": steps with a prompt skip it too (SPECTUNER_SKIP_K0_DRAFT_PASS=all, an engine without prefix
+    # caching); "unknown": asked, no such step seen yet; "runs": they keep it
+    k0_prompt_pass: str = "runs"
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -277,6 +277,31 @@ def test_an_engine_that_contradicts_the_k0_pass_setting_is_named_once(
     assert len(named) == 1 and "SPECTUNER_SKIP_K0_DRAFT_PASS=1" in named[0].getMessage()
 
 
+def test_an_engine_that_keeps_the_prompt_steps_pass_against_the_setting_is_named_once(
+    rig: tuple[Any, StepFeed, LiveActuator, Recording],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``[plugin] skip_draft_pass_at_k0_prompts``: the controller prices K = 0 as plain decoding. An engine
+    that skips decode-only steps but keeps the pass in prompt steps (prefix caching on) is named once, with
+    what to do; one that has not seen a prompt step yet ("unknown") is not."""
+    from collectors.vllm_plugin import k0_pass
+
+    _, _, act, _ = rig
+    act.k0_pass_skipped, act.k0_prompt_pass_skipped = True, True
+    seen = {"k0_draft_pass": "skipped", "k0_passes_skipped": 5, "k0_passes_run": 0, "k0_prompt_pass": "unknown"}
+    monkeypatch.setattr(k0_pass, "state", lambda: dict(seen))  # what the engine core's plugin reports
+    assert act.control.get().k0_prompt_pass == "unknown"
+    act.plan({**DRAFT, "num_speculative_tokens": 2})
+    assert "skip_draft_pass_at_k0" not in caplog.text
+    seen["k0_prompt_pass"] = "runs"
+    for k in (2, 3):
+        table, _, why = act.plan({**DRAFT, "num_speculative_tokens": k})
+        assert table is not None, why
+    named = [r for r in caplog.records if "skip_draft_pass_at_k0_prompts is true" in r.getMessage()]
+    assert len(named) == 1 and "--no-enable-prefix-caching" in named[0].getMessage()
+
+
 def test_idle_engine_is_confirmed_by_read_back(rig: tuple[Any, StepFeed, LiveActuator, Recording]) -> None:
     sched, _, act, fallback = rig
     act.verify_timeout_s = 0.3

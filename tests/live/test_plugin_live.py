@@ -94,7 +94,11 @@ def plugin_rig(server: LabServer, work: Path) -> Iterator[Rig]:
 
 
 def good_draft_rig(
-    tmp_path_factory: pytest.TempPathFactory, name: str, k_max: int, extra_env: dict[str, str] | None = None
+    tmp_path_factory: pytest.TempPathFactory,
+    name: str,
+    k_max: int,
+    extra_env: dict[str, str] | None = None,
+    extra_args: tuple[str, ...] = (),
 ) -> Iterator[Rig]:
     """A module's rig (``plugin_rig``): the good draft at ``k_max`` behind a one-row table."""
     work = tmp_path_factory.mktemp(name)
@@ -105,6 +109,7 @@ def good_draft_rig(
         models_dir=MODELS_DIR,
         workdir=work / "engine",
         extra_env=dict(extra_env or {}),
+        extra_args=extra_args,
     )
     with plugin_rig(server, work) as r:
         yield r

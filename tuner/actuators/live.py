@@ -94,6 +94,7 @@ class LiveActuator(Actuator):
         min_evidence_steps: int = 2,
         zero_k_evidence_steps: int = 3,
         k0_pass_skipped: bool | None = None,
+        k0_prompt_pass_skipped: bool = False,
     ) -> None:
         super().__init__()
         if verify_timeout_s <= 0:
@@ -119,12 +120,26 @@ class LiveActuator(Actuator):
         # ``[plugin] skip_draft_pass_at_k0`` as configured (None: not checked). The controller prices a table's
         # K = 0 on the config's word; an engine that says otherwise is named once per engine process.
         self.k0_pass_skipped = k0_pass_skipped
+        self.k0_prompt_pass_skipped = k0_prompt_pass_skipped  # ``[plugin] skip_draft_pass_at_k0_prompts``
         self._k0_mismatch_named: set[int] = set()
 
     def _check_k0_pass(self, state: ControlState) -> None:
         if self.k0_pass_skipped is None or state.pid in self._k0_mismatch_named:
             return
         if (state.k0_draft_pass == "skipped") == self.k0_pass_skipped:
+            # the prompt steps: only once the engine has seen one ("unknown" before), and only one way
+            # (an engine that skips them unasked is still priced safely: its K = 0 costs less than priced)
+            if self.k0_pass_skipped and self.k0_prompt_pass_skipped and state.k0_prompt_pass == "runs":
+                self._k0_mismatch_named.add(state.pid)
+                log.warning(
+                    "live actuator: [plugin] skip_draft_pass_at_k0_prompts is true but the engine (pid %d) keeps the "
+                    "draft's pass in K = 0 steps with a prompt (it runs with prefix caching, or was not started with "
+                    "%s=all), so a K table's K = 0 rows cost more than the controller thinks; start it with "
+                    "--no-enable-prefix-caching and %s=all, or set the key to false",
+                    state.pid,
+                    plugin_vars.SKIP_K0_DRAFT_PASS,
+                    plugin_vars.SKIP_K0_DRAFT_PASS,
+                )
             return
         self._k0_mismatch_named.add(state.pid)
         if self.k0_pass_skipped:
@@ -426,12 +441,18 @@ def shared_plugin_token(path: Path, *, ingest: bool, control: bool, sidecar_star
 
 
 def plugin_env(
-    *, ingest_url: str | None, control_address: str | None, token_file: Path | None, skip_k0_draft_pass: bool = False
+    *,
+    ingest_url: str | None,
+    control_address: str | None,
+    token_file: Path | None,
+    skip_k0_draft_pass: bool = False,
+    skip_k0_prompt_pass: bool = False,
 ) -> dict[str, str]:
-    """Environment for an engine the sidecar starts, so the plugin inside it finds the sidecar."""
+    """Environment for an engine the sidecar starts, so the plugin inside it finds the sidecar.
+    ``skip_k0_prompt_pass`` widens ``skip_k0_draft_pass`` to steps with a prompt (``all``)."""
     env: dict[str, str] = {}
     if skip_k0_draft_pass:
-        env[plugin_vars.SKIP_K0_DRAFT_PASS] = "1"
+        env[plugin_vars.SKIP_K0_DRAFT_PASS] = "all" if skip_k0_prompt_pass else "1"
     if ingest_url:
         env[plugin_vars.INGEST_URL] = ingest_url
     if control_address:

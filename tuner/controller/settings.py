@@ -43,6 +43,8 @@ class PolicySettings:
     tokens_per_seq: int = 0
     # ``[plugin] skip_draft_pass_at_k0``: the engine's K = 0 steps skip the draft model's pass
     k0_draft_pass_skipped: bool = False
+    # ``[plugin] skip_draft_pass_at_k0_prompts``: steps with a prompt skip it too (K = 0 is plain decoding)
+    k0_prompt_pass_skipped: bool = False
 
     @classmethod
     def from_sections(
@@ -78,8 +80,9 @@ class PolicySettings:
     def k0_skip_output_tokens(self, output_tokens_per_request: float | None) -> float:
         """``StepCostModel.k0_skip_output_tokens`` for this engine: under the plugin's skip the requests' mean
         output tokens (a K = 0 step keeps the pass when a prompt enters), else 0. Unknown (no finished
-        requests counted): 0, a K = 0 step priced as plain decoding until its measured cells say more."""
-        if not self.k0_draft_pass_skipped or output_tokens_per_request is None:
+        requests counted): 0, a K = 0 step priced as plain decoding until its measured cells say more. With
+        the prompt steps skipped too: 0, every K = 0 step is plain decoding."""
+        if not self.k0_draft_pass_skipped or self.k0_prompt_pass_skipped or output_tokens_per_request is None:
             return 0.0
         return max(float(output_tokens_per_request), 1.0)
 
@@ -123,6 +126,7 @@ class ControllerSettings:
             policy=replace(
                 PolicySettings.from_sections(config.policy, config.memory, config.swap),
                 k0_draft_pass_skipped=config.plugin.skip_draft_pass_at_k0,
+                k0_prompt_pass_skipped=config.plugin.skip_draft_pass_at_k0_prompts,
             ),
             history_s=config.swap.history_s,
             fleet_prior=config.swap.fleet_prior,

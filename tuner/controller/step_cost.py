@@ -20,7 +20,6 @@ their measured mean: a linear T(B, K) misses engine quirks that decide K (see do
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -144,8 +143,8 @@ def step_cost_from_steps(
     loaded = drafts_at_k0(current.method)
     skip = k0_skip_output_tokens if not loaded and method_drafts_at_k0(current.method) else 0.0
 
-    def k0_passes(b: float) -> float:  # the running draft's passes in a K = 0 step at B
-        return -math.expm1(-b / skip) if skip > 0.0 else float(loaded)
+    # the running draft's passes in a K = 0 step at B, as the model prices them
+    k0_passes = StepCostModel(1.0, 0.0, 0.0, 0.0, draft_pass_at_k0=loaded, k0_skip_output_tokens=skip).k0_passes
     fit_rows: list[tuple[float, float, float, float, float]] = []  # B, K, mean s, steps, draft passes at K = 0
     cell_rows: list[tuple[float, float, float, float]] = []
     # every step whose draft's cost ratio is known: B, K, mean s, steps, draft pass at K = 0, cost ratio

@@ -158,7 +158,7 @@ def lab_daemon_config(
     # The lab server's argv without speculation; the restart actuator appends --speculative-config.
     bare = LabServer(
         draft="none", k=0, port=server.port, models_dir=server.models_dir, workdir=server.workdir,
-        max_num_seqs=settings.max_batch_size,
+        max_num_seqs=settings.max_batch_size, extra_args=server.extra_args,
     )
     door_url = f"http://127.0.0.1:{settings.front_door_port}" if settings.front_door_port else None
     parts = [

@@ -258,12 +258,16 @@ class SimEngine:
         """Draft passes a K = 0 step runs on average: 1 for a draft model (vLLM keeps its KV cache whole), 0
         for a lookup or no draft. With the plugin's skip (``skip_draft_pass_at_k0``) only steps with a prompt
         in them keep the pass: a closed loop of B sequences making one token a step each starts B /
-        output_tokens requests a step, so a share 1 − exp(−B / output_tokens) of the steps holds one."""
-        if not method_drafts_at_k0(method):
+        output_tokens requests a step, so a share 1 − exp(−B / output_tokens) of the steps holds one. With
+        ``skip_draft_pass_at_k0_prompts`` none does."""
+        e = self.scenario.engine
+        if not method_drafts_at_k0(method) or e.skip_draft_pass_at_k0_prompts:
             return np.zeros_like(batch)
-        if not self.scenario.engine.skip_draft_pass_at_k0:
+        if not e.skip_draft_pass_at_k0:
             return np.ones_like(batch)
-        return 1.0 - np.exp(-batch / self.scenario.load.output_tokens)
+        # the share the controller prices (policies.step_cost), at the scenario's true answer length
+        shares = StepCostModel(1.0, 0.0, 0.0, 0.0, k0_skip_output_tokens=float(self.scenario.load.output_tokens))
+        return shares.k0_passes_array(batch)
 
     def step_time_s(self, cfg: SimConfig, batch: ArrayLike) -> NDArray[np.float64]:
         model = self.target_cost if cfg.off else self.cost[str(cfg.draft)]

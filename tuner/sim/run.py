@@ -437,7 +437,10 @@ def daemon_config(scenario: Scenario, engine: SimEngine, *, step_cost: bool = Fa
         ],
     }
     if e.skip_draft_pass_at_k0:
-        data["plugin"] = {"skip_draft_pass_at_k0": True}
+        data["plugin"] = {
+            "skip_draft_pass_at_k0": True,
+            "skip_draft_pass_at_k0_prompts": e.skip_draft_pass_at_k0_prompts,
+        }
     if e.memory is not None:
         # the target's KV bytes per token, as an operator reads it from the model's config.json: with the
         # engine's cache_config_info, the KV pool that caps each config's batch

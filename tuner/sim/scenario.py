@@ -85,12 +85,23 @@ class EngineSection(_Section):
     step_time_cv: float = Field(default=0.02, ge=0, lt=1, description="per-window noise on the step time")
     skip_draft_pass_at_k0: bool = Field(
         default=False,
-        description="the spectuner plugin skips a draft model's pass in K = 0 steps ([plugin] "
-        "skip_draft_pass_at_k0): a table's K = 0 costs the target alone (the acceptance a request loses after "
-        "K = 0 steps is not modelled)",
+        description="the spectuner plugin skips a draft model's pass in decode-only K = 0 steps ([plugin] "
+        "skip_draft_pass_at_k0): a table's K = 0 costs the target plus the pass in the share of steps a prompt "
+        "enters (the acceptance a request loses after K = 0 steps is not modelled)",
+    )
+    skip_draft_pass_at_k0_prompts: bool = Field(
+        default=False,
+        description="with skip_draft_pass_at_k0, steps with a prompt skip it too ([plugin] "
+        "skip_draft_pass_at_k0_prompts; an engine without prefix caching): a table's K = 0 costs the target alone",
     )
     memory: MemorySection | None = None
     failing_configs: list[FailingConfig] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _prompts_need_the_skip(self) -> EngineSection:
+        if self.skip_draft_pass_at_k0_prompts and not self.skip_draft_pass_at_k0:
+            raise ValueError("skip_draft_pass_at_k0_prompts = true needs skip_draft_pass_at_k0 = true; set both")
+        return self
 
 
 class DraftSection(_Section):

@@ -10,6 +10,7 @@ import pytest
 
 from collectors.step_ingest import StepFeed
 from collectors.vllm_plugin import env
+from policies.step_cost import StepCostModel
 from tuner.actuators.live import LiveActuator
 from tuner.actuators.restart import RestartActuator
 from tuner.config import ConfigError, parse_config
@@ -110,6 +111,16 @@ def test_skipping_the_draft_pass_at_k0_reaches_the_engine_and_the_controller(tmp
     assert isinstance(stock_act, LiveActuator) and isinstance(stock_act.fallback, RestartActuator)
     assert env.SKIP_K0_DRAFT_PASS not in stock_act.fallback.env
     assert env.env_flag(env.SKIP_K0_DRAFT_PASS, {env.SKIP_K0_DRAFT_PASS: "True"})
+    # the prompt steps too: "all" in the engine, K = 0 priced as plain decoding whatever the answers' length
+    both = base(plugin={"skip_draft_pass_at_k0": True, "skip_draft_pass_at_k0_prompts": True}, actuator=restart)
+    cfg = parse_config(both, base_dir=tmp_path)
+    act = build_actuator(cfg)
+    assert isinstance(act, RestartActuator) and act.env == {env.SKIP_K0_DRAFT_PASS: "all"}
+    policy = controller_settings(cfg).policy
+    assert policy.k0_prompt_pass_skipped and policy.k0_skip_output_tokens(64.0) == 0.0
+    assert policy.engine_step_cost(StepCostModel.from_cost_ratio(0.2), "draft_model", 64.0).k0_passes(64) == 0.0
+    with pytest.raises(ConfigError, match="skip_draft_pass_at_k0_prompts = true needs skip_draft_pass_at_k0"):
+        parse_config(base(plugin={"skip_draft_pass_at_k0_prompts": True}, actuator=restart), base_dir=tmp_path)
     assert not env.env_flag(env.SKIP_K0_DRAFT_PASS, {env.SKIP_K0_DRAFT_PASS: "0"})
     assert not env.env_flag(env.SKIP_K0_DRAFT_PASS, {})
 

@@ -124,8 +124,25 @@ def test_an_engine_that_skips_the_k0_pass_keeps_it_only_in_steps_with_a_prompt()
         engine_of().step_time_s(SimConfig("d", 3, table), at_2)[0]
     )
     config = daemon_config(engine.scenario, engine)
-    assert config.plugin.skip_draft_pass_at_k0
+    assert config.plugin.skip_draft_pass_at_k0 and not config.plugin.skip_draft_pass_at_k0_prompts
     assert not daemon_config(engine_of().scenario, engine_of()).plugin.skip_draft_pass_at_k0
+
+
+def test_an_engine_that_skips_the_k0_pass_in_prompt_steps_too_decodes_plainly_at_k0() -> None:
+    """``[engine] skip_draft_pass_at_k0_prompts`` (an engine without prefix caching): every K = 0 step costs
+    the target alone; the controller the simulator builds is told. Alone, the key is refused at load."""
+    engine_keys = {**scenario_data()["engine"], "skip_draft_pass_at_k0": True, "skip_draft_pass_at_k0_prompts": True}
+    engine = SimEngine(parse_scenario(scenario_data(engine=engine_keys)))
+    table = ((1, 4, 3), (5, 16, 0))
+    for b in (np.array([8.0]), np.array([16.0])):
+        assert engine.step_time_s(SimConfig("d", 3, table), b)[0] == pytest.approx(engine.step_time_s(OFF, b)[0])
+    assert engine.step_time_s(SimConfig("d", 3, table), np.array([2.0]))[0] == pytest.approx(
+        engine_of().step_time_s(SimConfig("d", 3, table), np.array([2.0]))[0]
+    )
+    assert daemon_config(engine.scenario, engine).plugin.skip_draft_pass_at_k0_prompts
+    alone = {**scenario_data()["engine"], "skip_draft_pass_at_k0_prompts": True}
+    with pytest.raises(ScenarioError, match="needs skip_draft_pass_at_k0 = true"):
+        parse_scenario(scenario_data(engine=alone))
 
 
 def test_a_lookup_drafts_in_one_pass_and_only_at_its_share_of_the_steps() -> None:
