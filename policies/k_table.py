@@ -161,6 +161,15 @@ class _TableSum:
     ci: tuple[float, float]
 
 
+def _seconds_at(profile: Sequence[tuple[float, float]], max_batch_size: int) -> dict[int, float]:
+    """Seconds of ``profile`` ((seconds, requests) per window) at each batch size it runs (capped)."""
+    seconds_at: dict[int, float] = {}
+    for dur, running in profile:
+        b = min(max(1, round(running)), max_batch_size)
+        seconds_at[b] = seconds_at.get(b, 0.0) + dur
+    return seconds_at
+
+
 def _table_sums(
     now: datetime,
     acceptance: AcceptanceModel,
@@ -174,11 +183,7 @@ def _table_sums(
     """Per table: Σ seconds · speedup over ``profile``, and the same at the ends of each window's interval."""
     sums = [[0.0] * 3 for _ in tables]
     # an hour of 10 s windows holds a few distinct batch sizes: evaluate each once, weighted by its seconds
-    seconds_at: dict[int, float] = {}
-    for dur, running in profile:
-        b = min(max(1, round(running)), max_batch_size)
-        seconds_at[b] = seconds_at.get(b, 0.0) + dur
-    for b, dur in seconds_at.items():
+    for b, dur in _seconds_at(profile, max_batch_size).items():
         snap = KChoiceSnapshot(
             now=now,
             acceptance=acceptance,
@@ -207,10 +212,7 @@ def goodput_over_load(
     """Generated tokens per second (in ``step_cost``'s seconds) of the table ``rows`` over ``profile``,
     time-weighted: B × E[tokens per sequence and step] / T(B, K) at each window's batch size (capped at
     ``max_batch_size``). None when the profile holds nothing to judge on."""
-    seconds_at: dict[int, float] = {}
-    for dur, running in profile:
-        b = min(max(1, round(running)), max_batch_size)
-        seconds_at[b] = seconds_at.get(b, 0.0) + dur
+    seconds_at = _seconds_at(profile, max_batch_size)
     total = sum(seconds_at.values())
     if total <= 0:
         return None

@@ -51,6 +51,22 @@ def complete(rig: Rig, prompt: str, max_tokens: int, out: dict[str, str]) -> Non
     out[prompt] = resp.json()["choices"][0]["text"]
 
 
+def long_beside_short(rig: Rig) -> tuple[dict[str, str], float]:
+    """Under the table K = 3 alone, K = 0 from two: one long request (``TOKENS``) beside three short ones
+    decodes at K = 0, then alone at K = 3. The batch size switches K inside the engine, so no timing of
+    ours decides where the switch falls. Returns the texts by prompt and when it began (epoch s)."""
+    ControlClient(rig.control_addr, rig.token).set_table([[1, 1, K_MAX], [2, 16, 0]])
+    mark = time.time()
+    out: dict[str, str] = {}
+    jobs = [(PROMPTS[0], TOKENS), *((p, 24) for p in PROMPTS[1:])]
+    threads = [threading.Thread(target=complete, args=(rig, p, n, out), daemon=True) for p, n in jobs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(180)
+    return out, mark
+
+
 def texts(result: LoadResult) -> list[str]:
     assert result.errors == 0
     by_prompt = {r.prompt: r.text for r in result.requests}
@@ -74,18 +90,9 @@ def test_k0_steps_skip_the_pass_and_requests_that_lived_through_them_keep_their_
     skipped = control.get().k0_passes_skipped
     assert skipped > 0 and control.get().k0_passes_run > 0  # decode-only steps skipped; the prompts' steps ran
 
-    # K = 3 for a lone sequence, K = 0 from two: one long request beside three short ones decodes at K = 0
-    # (its tokens never reach the draft's cache), then alone at K = 3, drafting against the holes. The batch
-    # size switches K inside the engine, so no timing of ours decides where the switch falls.
-    control.set_table([[1, 1, K_MAX], [2, 16, 0]])
-    mark = time.time()
-    out: dict[str, str] = {}
-    jobs = [(PROMPTS[0], TOKENS), *((p, 24) for p in PROMPTS[1:])]
-    threads = [threading.Thread(target=complete, args=(rig, p, n, out), daemon=True) for p, n in jobs]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(180)
+    # one long request beside three short ones decodes at K = 0 (its tokens never reach the draft's cache),
+    # then alone at K = 3, drafting against the holes
+    out, mark = long_beside_short(rig)
     assert out.get(PROMPTS[0]) == reference[0]  # the target verifies every token: a stale draft cache changes no text
     settle(rig, quiet_s=1.0)
     after = [s for s in rig.store.steps(rig.key) if s.ts.timestamp() > mark and s.batch_size == 1]

@@ -10,7 +10,6 @@ never saw still returns exactly plain decoding's greedy text once it drafts, wit
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 
@@ -18,7 +17,7 @@ import pytest
 
 from collectors.vllm_plugin import env
 from collectors.vllm_plugin.client import ControlClient
-from tests.live.test_k0_pass_live import K_MAX, PROMPTS, TOKENS, all_at_once, complete, texts
+from tests.live.test_k0_pass_live import K_MAX, PROMPTS, all_at_once, long_beside_short, texts
 from tests.live.test_plugin_live import Rig, good_draft_rig, settle
 from tuner.lab.models import Manifest
 
@@ -51,15 +50,7 @@ def test_without_prefix_caching_every_k0_step_skips_and_a_prompt_the_draft_never
 
     # K = 3 alone, K = 0 from two: the long request's prompt and first tokens never reach the draft's
     # cache; alone, it drafts against it. The target verifies every token: its text is plain decoding's.
-    control.set_table([[1, 1, K_MAX], [2, 16, 0]])
-    mark = time.time()
-    out: dict[str, str] = {}
-    jobs = [(PROMPTS[0], TOKENS), *((p, 24) for p in PROMPTS[1:])]
-    threads = [threading.Thread(target=complete, args=(rig, p, n, out), daemon=True) for p, n in jobs]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(180)
+    out, mark = long_beside_short(rig)
     assert out.get(PROMPTS[0]) == reference[0]
     settle(rig, quiet_s=1.0)
     alone = [s for s in rig.store.steps(rig.key) if s.ts.timestamp() > mark and s.batch_size == 1]
