@@ -44,11 +44,16 @@ def argv_option(argv: Sequence[str], name: str) -> str | None:
     return None
 
 
+def _reap_own_child(pid: int) -> None:
+    """Reap ``pid`` if it is our own exited child (nothing happens for anyone else's)."""
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+
+
 def _alive_reaping(pgid: int) -> bool:
     """Whether any process of group ``pgid`` still runs. Zombies do not count: an orphaned engine's
     exited processes wait for whoever adopted them (PID 1 in a container may never reap them)."""
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pgid, os.WNOHANG)  # our own exited child: reap it
+    _reap_own_child(pgid)
     if not group_alive(pgid):
         return False
     proc = Path("/proc")
@@ -64,6 +69,9 @@ def _alive_reaping(pgid: int) -> bool:
         fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) ": state ppid pgrp ...
         if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
             return True
+    # Only zombies left. The leader may have exited after the first reap (a loaded CI run caught that
+    # window): if it is our child, reap it now so that no zombie of ours outlives the stop.
+    _reap_own_child(pgid)
     return False
 
 
