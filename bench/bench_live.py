@@ -12,8 +12,10 @@ table for the lab's calibrated step cost) are measured as *cells*: one config in
 conditions for ``--cell-s`` seconds. One engine per draft starts at K_max with the spectuner plugin
 and its K is switched live between cells, so K = 1/3/5 and the table alternate within a few seconds
 of each other; every engine is visited ``--visits`` times, in forward then reverse order (and the
-cells of a visit in reverse), so machine drift hits every config alike. The per-phase oracle is the
-best fixed config of each phase, switching for free.
+cells of a visit in reverse), so machine drift hits every config alike. After a live switch a cell
+waits until the engine's counters show steps at the new K (``--switch-timeout-s``): the first steps
+after a switch still verify drafts made at the old K. The per-phase oracle is the best fixed config of
+each phase, switching for free.
 
 **spectuner** runs the whole phase plan once: the real daemon in auto mode, K tables set live
 through the plugin, a draft change restarts the engine behind the front door (drain-and-hold, so no
@@ -24,7 +26,9 @@ replayed on the newest of them, so a draft the engine is not running is ranked b
 Reported, each with its 95 % interval (``bench/live_stats.py``): spectuner ÷ the per-phase oracle,
 ÷ the best single fixed config, ÷ medium/K = 3 (the start) and the worst phase ÷ no speculation; per
 phase: every config's rate and acceptance, spectuner's rate, its changes and time to adapt; client
-errors. Targets (issue #19): ≥ 0.95, ≥ 1.0, worst phase ≥ 0.95.
+errors; per phase, the CPU the sidecar's threads (daemon, front door, collectors) and the load
+generator took — on the CPU lab the engine shares the same two cores with them. Targets (issue #19):
+≥ 0.95, ≥ 1.0, worst phase ≥ 0.95.
 
     .venv/bin/python bench/bench_live.py                      # ~55 min on a quiet 2-core machine
     .venv/bin/python bench/bench_live.py --phase-s 20 --cell-s 3 --visits 1 --drafts good --out live_smoke
@@ -49,7 +53,7 @@ import tempfile
 import threading
 import time
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -125,7 +129,7 @@ class StreamLoad:
     def start(self) -> None:
         self.busy = [False] * self.max_concurrency
         self.streaming = [False] * self.max_concurrency
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True, name=LOAD_THREAD)
         self._thread.start()
 
     def set(self, phase: Phase) -> None:
@@ -202,6 +206,41 @@ class StreamLoad:
 _COUNTER = re.compile(r"^(vllm:spec_decode_num_(?:drafts|draft_tokens|accepted_tokens)_total)(?:\{[^}]*\})? (\S+)$")
 
 
+LOAD_THREAD = "bench-load"
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def thread_cpu() -> dict[str, float]:
+    """CPU seconds each kind of thread of this process has used (Linux ``/proc``; empty elsewhere): the
+    load generator (``LOAD_THREAD``) and the sidecar's threads, a pool's workers under one name."""
+    names = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
+    out: dict[str, float] = {}
+    task_dir = Path("/proc/self/task")
+    if not task_dir.is_dir():
+        return out
+    for task in task_dir.iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:
+            continue  # the thread ended
+        fields = stat[stat.rindex(")") + 2:].split()  # after "tid (comm) ": state ... utime(11) stime(12)
+        name = re.sub(r"[_-]?\d+", "", names.get(int(task.name), "native")) or "native"
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / _TICKS
+    return out
+
+
+def cpu_between(before: dict[str, float], after: dict[str, float], seconds: float) -> dict[str, Any]:
+    """The load generator's and the sidecar's CPU between two ``thread_cpu`` snapshots, as CPU seconds
+    and as a share of the machine's cores over ``seconds``."""
+    delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+    load = delta.pop(LOAD_THREAD, 0.0)
+    sidecar = sum(v for v in delta.values() if v > 0)
+    cores = os.cpu_count() or 1
+    return {"load_cpu_s": round(load, 1), "sidecar_cpu_s": round(sidecar, 1),
+            "sidecar_machine_share": round(sidecar / max(seconds * cores, 1e-9), 3),
+            "sidecar_threads": {k: round(v, 1) for k, v in sorted(delta.items(), key=lambda kv: -kv[1]) if v >= 0.1}}
+
+
 def spec_counters(base_url: str) -> dict[str, float]:
     """The engine's speculation counters (summed over labels); empty when it has none."""
     out: dict[str, float] = {}
@@ -212,6 +251,42 @@ def spec_counters(base_url: str) -> dict[str, float]:
             key = m.group(1).removeprefix("vllm:spec_decode_num_").removesuffix("_total")
             out[key] = out.get(key, 0.0) + float(m.group(2))
     return out
+
+
+def table_k(table: Sequence[Sequence[int]], batch: int) -> int:
+    """The K a per-batch-size table gives ``batch`` sequences (its last row above the table)."""
+    for lo, hi, k in table:
+        if lo <= batch <= hi:
+            return int(k)
+    return int(table[-1][2])
+
+
+def await_k(counters: Callable[[], dict[str, float]], stepped: Callable[[float, float], bool], k: int, *,
+            min_s: float, timeout_s: float, poll_s: float = 0.25) -> tuple[float, bool]:
+    """Wait until the engine drafts at ``k`` after a live table change: two polls in a row in which it
+    stepped (``stepped(t0, t1)``: tokens arrived) and its drafts, if any, were ``k`` tokens long on average
+    (none at all for K = 0). A fixed wait is not enough: the first step after a change still verifies drafts
+    made at the old K, and at 64 streams and K = 5 a step takes ~0.7 s — a 1-s wait let the table's cell count
+    K = 5 steps (the 7 Dec run's visit 0 at hard c=64: 174 tok/s, 222 in visit 1). Returns the seconds waited
+    and whether the engine got there within ``timeout_s`` (an ngram draft that finds no match drafts nothing:
+    then the wait runs out)."""
+    t_start = time.perf_counter()
+    time.sleep(min_s)
+    before, t_prev, good = counters(), time.perf_counter(), 0
+    while good < 2:
+        if time.perf_counter() - t_start >= timeout_s:
+            return time.perf_counter() - t_start, False
+        time.sleep(poll_s)
+        after, t_now = counters(), time.perf_counter()
+        drafts = after.get("drafts", 0.0) - before.get("drafts", 0.0)
+        tokens = after.get("draft_tokens", 0.0) - before.get("draft_tokens", 0.0)
+        at_k = (drafts == 0 and stepped(t_prev, t_now)) if k == 0 else (drafts > 0 and abs(tokens / drafts - k) <= 0.5)
+        if at_k:
+            good += 1
+        elif drafts > 0 or stepped(t_prev, t_now):
+            good = 0  # a step at another K: start over
+        before, t_prev = after, t_now
+    return time.perf_counter() - t_start, True
 
 
 def _settle(load: StreamLoad, ramp_s: float) -> None:
@@ -278,9 +353,12 @@ def measure_engine(draft: str, settings: list[tuple[str, list[list[int]] | None]
             load.set(phase)
             _settle(load, args.ramp_s)
             for label, table in order:
+                switch: tuple[float, bool] | None = None
                 if control is not None and table is not None:
                     control.set_table(table)
-                    time.sleep(args.switch_s)  # the next steps run the new table
+                    switch = await_k(lambda: spec_counters(server.base_url), lambda a, b: load.tokens_between(a, b) > 0,
+                                     table_k(table, phase.concurrency), min_s=args.switch_s,
+                                     timeout_s=args.switch_timeout_s)
                 before = spec_counters(server.base_url) if spec else {}
                 t0 = time.perf_counter()
                 time.sleep(args.cell_s)
@@ -290,6 +368,10 @@ def measure_engine(draft: str, settings: list[tuple[str, list[list[int]] | None]
                 d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
                 cell = {"config": label, "phase": phase.name, "visit": visit, "rate": round(rate, 2),
                         "seconds": round(t1 - t0, 2)}
+                if switch is not None:
+                    cell["switch_s"] = round(switch[0], 2)
+                    if not switch[1]:
+                        cell["switch_unconfirmed"] = True
                 if d.get("drafts"):
                     cell["accepted_per_draft"] = round(d["accepted_tokens"] / d["drafts"], 3)
                     cell["draft_acceptance"] = round(d["accepted_tokens"] / max(d["draft_tokens"], 1.0), 3)
@@ -378,13 +460,16 @@ def run_spectuner(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             load.start()
             t_workload, p_workload = time.time(), time.perf_counter()
             bounds: list[tuple[Phase, float, float, float]] = []
+            cpu: dict[str, dict[str, Any]] = {}
             for phase in PHASES:
                 load.set(phase)
                 t_switch = time.perf_counter()
+                cpu_before = thread_cpu()
                 _settle(load, args.ramp_s)  # measured like a fixed cell: from when the phase's load is in place
                 t0 = time.perf_counter()
                 time.sleep(max(0.0, t_switch + args.phase_s - t0))
                 bounds.append((phase, t_switch, t0, time.perf_counter()))
+                cpu[phase.name] = cpu_between(cpu_before, thread_cpu(), bounds[-1][3] - t_switch)
                 rate = load.tokens_between(t0, bounds[-1][3]) / (bounds[-1][3] - t0)
                 print(f"    {phase.name:16s} {rate:7.1f} tok/s (settled after {t0 - t_switch:.1f} s)", flush=True)
         finally:
@@ -403,7 +488,7 @@ def run_spectuner(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                                                                  "requests_failed", "longest_hold_s", "config")}}
                    for e in store.events() if isinstance(e.data, dict) and "downtime_s" in e.data]
         shadow_runs = [{"at_s": round(e.ts.timestamp() - t_workload, 1), "kind": e.kind, "message": e.message[:200],
-                        **({k: e.data[k] for k in ("samples", "alpha", "wall_s") if k in e.data}
+                        **({k: e.data[k] for k in ("samples", "alpha", "wall_s", "cpu_s") if k in e.data}
                            if isinstance(e.data, dict) else {})}
                        for e in store.events() if e.kind.startswith("shadow_")]
     if args.keep_db is not None:  # windows, per-step records and decisions, for reading the misses
@@ -419,9 +504,16 @@ def run_spectuner(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     ]
     phases: dict[str, Any] = {}
     for phase, t_switch, t0, t1 in bounds:
+        rel0, rel1 = t_switch - p_workload, t1 - p_workload
+        # the shadow child's CPU, spread evenly over each run's wall time (its event is stamped at its start),
+        # the part inside this phase
+        shadow_cpu = sum(float(r["cpu_s"]) * _overlap(r["at_s"], r["at_s"] + float(r["wall_s"]), rel0, rel1)
+                         / max(float(r["wall_s"]), 1e-9)
+                         for r in shadow_runs if r.get("cpu_s") is not None and r.get("wall_s"))
+        share = shadow_cpu / max((rel1 - rel0) * (os.cpu_count() or 1), 1e-9)
+        cpu.setdefault(phase.name, {}).update(shadow_cpu_s=round(shadow_cpu, 1), shadow_machine_share=round(share, 3))
         done = load.finished_between(t_switch, t1) if load else []
         lat = sorted(r.end - r.start for r in done if r.error is None)
-        rel0, rel1 = t_switch - p_workload, t1 - p_workload
         first = next((c["decided_at_s"] for c in changes
                       if c["decided_at_s"] is not None and rel0 <= c["decided_at_s"] < rel1), None)
         series = [round(load.tokens_between(a, min(a + 30.0, t1)) / max(min(30.0, t1 - a), 1e-9), 1) if load else 0.0
@@ -434,6 +526,9 @@ def run_spectuner(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             "p50_latency_s": _q(lat, 0.5), "p99_latency_s": _q(lat, 0.99),
             "time_to_first_change_s": round(first - rel0, 1) if first is not None else None,
             "rate_per_30s": series,
+            # what the sidecar (daemon, front door, collectors; not the shadow's child) and the load generator
+            # took of this machine's CPU, which the engine shares on the CPU lab
+            "cpu": cpu.get(phase.name, {}),
         }
         phases[phase.name] = row
     restarts = [a for a in applies if a.get("strategy") or float(a.get("downtime_s") or 0.0) > 0.0]
@@ -455,6 +550,10 @@ def run_spectuner(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         "decisions": [{"status": d.status, "reason": d.decision.reason, "message": d.decision.message[:300]}
                       for d in decisions],
     }
+
+
+def _overlap(a0: float, a1: float, b0: float, b1: float) -> float:
+    return max(0.0, min(a1, b1) - max(a0, b0))
 
 
 def _steps(t0: float, t1: float, step: float) -> list[float]:
@@ -531,6 +630,13 @@ def markdown(doc: dict[str, Any]) -> str:
              f"{doc['cell_s']:.0f}-s cells × {doc['visits']} visits; ~{doc['max_tokens']} tokens per request; "
              f"load average {doc['load_average_before']} → {doc['load_average_after']}; "
              f"{doc['wall_s'] / 60:.1f} min.", ""]
+    waits = [c["switch_s"] for c in doc.get("cells", []) if "switch_s" in c]
+    if waits:
+        unconfirmed = sum(1 for c in doc["cells"] if c.get("switch_unconfirmed"))
+        lines += [f"A cell after a live K change starts once the engine drafts at the new K: waits median "
+                  f"{sorted(waits)[len(waits) // 2]:.2f} s, longest {max(waits):.2f} s; "
+                  f"{unconfirmed} of {len(waits)} not confirmed "
+                  f"within {doc.get('switch_timeout_s', '?')} s (measured regardless).", ""]
     if "from" in doc["fixed"]:
         lines += [f"**Fixed configs from an earlier run** ({doc['fixed']['from_when']}, {doc['fixed']['from']}): "
                   "spectuner was not measured side by side with them, so machine drift between the runs is in "
@@ -565,13 +671,18 @@ def markdown(doc: dict[str, Any]) -> str:
         lines.append(f"| {c} | " + " | ".join(row) + " |")
     if sp:
         lines += ["", f"## spectuner: {sp['changes']} changes, {sp['restarts']} restarts, {sp['client_errors']} client "
-                  "errors", "", "| phase | rate | requests | errors | p50 / p99 latency (s) | first change after (s) |",
-                  "|---|---|---|---|---|---|"]
+                  "errors", "", "| phase | rate | requests | errors | p50 / p99 latency (s) | first change after (s) "
+                  "| sidecar + shadow CPU (share of the machine) | load generator CPU s |",
+                  "|---|---|---|---|---|---|---|---|"]
         for n in names:
             p = sp["phases"][n]
+            c = p.get("cpu") or {}
             lines.append(f"| {n} | {p['rate']:.1f} | {p['requests']} | {p['errors']} | "
                          f"{_cell(p['p50_latency_s'], 2)} / {_cell(p['p99_latency_s'], 2)} | "
-                         f"{_cell(p['time_to_first_change_s'])} |")
+                         f"{_cell(p['time_to_first_change_s'])} | "
+                         f"{_cell(c.get('sidecar_cpu_s'))} s ({_cell(c.get('sidecar_machine_share'), 3)}) + shadow "
+                         f"{_cell(c.get('shadow_cpu_s'))} s ({_cell(c.get('shadow_machine_share'), 3)}) | "
+                         f"{_cell(c.get('load_cpu_s'))} |")
         if sp.get("client_error_samples"):
             lines += ["", "Failed client requests:", "", "| started at (s) | ended at (s) | tokens | error |",
                       "|---|---|---|---|"]
@@ -633,7 +744,11 @@ def main() -> int:
     parser.add_argument("--cell-s", type=float, default=6.0, help="one fixed-config measurement (s)")
     parser.add_argument("--visits", type=int, default=2, help="times every fixed engine is visited")
     parser.add_argument("--ramp-s", type=float, default=4.0, help="wait after a change of phase before a cell (s)")
-    parser.add_argument("--switch-s", type=float, default=1.0, help="wait after a live K change before a cell (s)")
+    parser.add_argument("--switch-s", type=float, default=0.25,
+                        help="least wait after a live K change before a cell (s); then until the engine drafts at the "
+                             "new K (two polls in a row), at most --switch-timeout-s")
+    parser.add_argument("--switch-timeout-s", type=float, default=8.0,
+                        help="most wait for the new K to show in the engine's counters (s); the cell says so")
     parser.add_argument("--max-tokens", type=int, default=64, help="mean tokens per request (spread ±50 %%)")
     parser.add_argument("--max-batch", type=int, default=64, help="the engines' max_num_seqs")
     parser.add_argument("--k-max", type=int, default=5)
@@ -699,7 +814,8 @@ def main() -> int:
         args.cell_s, args.visits = earlier["cell_s"], earlier["visits"]
     doc = {
         "when": datetime.now(UTC).isoformat(timespec="seconds"), "models_dir": str(args.models_dir),
-        "phase_s": args.phase_s, "cell_s": args.cell_s, "visits": args.visits, "max_tokens": args.max_tokens,
+        "phase_s": args.phase_s, "cell_s": args.cell_s,
+        "switch_timeout_s": args.switch_timeout_s, "visits": args.visits, "max_tokens": args.max_tokens,
         "skip_k0_draft_pass": args.skip_k0_pass, "skip_k0_prompt_pass": _prompt_skip(args),
         "engine_args": list(engine_args(args)),
         "phases": [p.name for p in PHASES], "wall_s": round(time.time() - t0, 1),

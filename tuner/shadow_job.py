@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import resource
 import subprocess
 import sys
 import threading
@@ -125,6 +126,10 @@ def main(spec_json: str | None = None) -> int:
     except (ShadowInputError, TypeError, ValueError) as exc:
         print(f"shadow job: {exc}", file=sys.stderr)
         return 2
+    # The whole child's CPU (interpreter start, imports and model loads included): what a replay run costs
+    # the host, which the engine may share.
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    summary["cpu_s"] = round(usage.ru_utime + usage.ru_stime, 2)
     print(json.dumps(summary))
     return 0
 
@@ -221,6 +226,7 @@ class ShadowJob:
             message=f"shadow replay of {summary['samples']} recorded requests: {text or 'no candidate replayed'}",
             # how long the run took: a starved replay (a busy host, nice too high) shows here
             data={"samples": summary["samples"], "alpha": measured, "wall_s": round(time.monotonic() - started, 1),
+                  "cpu_s": summary.get("cpu_s"),
                   "skipped": {r["candidate"]: r["skipped"] for r in summary["candidates"] if r.get("skipped")}},
         )])
         self.last = summary

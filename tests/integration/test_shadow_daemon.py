@@ -4,6 +4,7 @@ candidate's α̂ (ngram: no model needed), reporting a child that fails or overr
 
 from __future__ import annotations
 
+import os
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -114,6 +115,8 @@ def test_the_daemons_job_replays_the_record_in_a_child_and_stores_ngram_alpha(db
         (event,) = [e for e in store.events() if e.kind == "shadow_evaluated"]
         assert "lookup α̂" in event.message and event.data["samples"] == 2
         assert event.data["wall_s"] > 0  # how long the child ran: a starved replay shows here
+        # what it cost the host: at least the interpreter's start and its imports, at most its wall time
+        assert 0 < event.data["cpu_s"] <= event.data["wall_s"] * (os.cpu_count() or 1) + 0.5
 
 
 def test_a_failing_or_overrunning_replay_is_an_event_not_an_exception(db_url: str, tmp_path: Path) -> None:
