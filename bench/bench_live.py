@@ -441,6 +441,7 @@ def run_spectuner(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         # draft the engine is not running is ranked from measured α (docs/shadow.md), not from its prior.
         doc["shadow"] = {"record_dir": str(run_dir / "traffic"), "record_sample_rate": args.shadow_sample_rate,
                          "target": str(server.manifest.target.path), "evaluate_interval_s": args.shadow_interval_s,
+                         "evaluate_interval_max_s": args.shadow_interval_max_s,
                          "max_samples": args.shadow_max_samples, "cpu_share": args.shadow_cpu_share,
                          "nice": args.shadow_nice, "k": 3, "timeout_s": 600.0}
     config = parse_config(doc, path="bench_live", base_dir=run_dir)
@@ -545,7 +546,8 @@ def run_spectuner(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         "changes": len(changes), "restarts": len(restarts), "config_timeline": changes, "applies": applies,
         "shadow_runs": shadow_runs,
         "shadow_settings": None if args.shadow_interval_s <= 0 else {
-            "interval_s": args.shadow_interval_s, "sample_rate": args.shadow_sample_rate,
+            "interval_s": args.shadow_interval_s, "interval_max_s": args.shadow_interval_max_s,
+            "sample_rate": args.shadow_sample_rate,
             "max_samples": args.shadow_max_samples, "cpu_share": args.shadow_cpu_share, "nice": args.shadow_nice},
         "decisions": [{"status": d.status, "reason": d.decision.reason, "message": d.decision.message[:300]}
                       for d in decisions],
@@ -770,6 +772,8 @@ def main() -> int:
                              "by side: machine drift between the runs is not controlled; the report says so)")
     parser.add_argument("--shadow-interval-s", type=float, default=90.0,
                         help="spectuner's [shadow] replay interval (s); 0: no shadow evaluation")
+    parser.add_argument("--shadow-interval-max-s", type=float, default=None,
+                        help="the longest wait between replays while they agree (s); unset: 4 × the interval")
     parser.add_argument("--shadow-sample-rate", type=float, default=0.5, help="share of requests recorded")
     parser.add_argument("--shadow-max-samples", type=int, default=48, help="newest samples per replay")
     parser.add_argument("--shadow-cpu-share", type=float, default=0.3, help="the replay's CPU cap (share of a core)")

@@ -447,6 +447,13 @@ class ShadowSection(_Section):
     evaluate_interval_s: float = Field(
         default=900.0, ge=0, description="how often the candidates are replayed on the record; 0: record only"
     )
+    evaluate_interval_max_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="the longest wait between replays while they agree (each agreeing run doubles the wait from "
+        "evaluate_interval_s; the traffic moving or the candidates changing runs one at once); unset: "
+        "4 × evaluate_interval_s; equal to it: a replay every evaluate_interval_s",
+    )
     candidates: list[str] = Field(
         default_factory=list, description="the candidates replayed (names); empty: every registered and [[drafts]]"
     )
@@ -464,6 +471,11 @@ class ShadowSection(_Section):
             if self.target is not None or self.candidates:
                 raise ValueError("target and candidates need record_dir (the record the replay reads); set it")
             return self
+        if self.evaluate_interval_max_s is not None and self.evaluate_interval_max_s < self.evaluate_interval_s:
+            raise ValueError(
+                f"evaluate_interval_max_s = {self.evaluate_interval_max_s:g} is below evaluate_interval_s = "
+                f"{self.evaluate_interval_s:g}: it is the longest wait, so at least that (or unset: 4 × it)"
+            )
         if self.evaluate_interval_s > 0 and self.target is None:
             raise ValueError(
                 'evaluate_interval_s > 0 needs target = "/path/to/target-model" (its tokenizer and vocabulary); '

@@ -195,7 +195,8 @@ class Daemon:
         if self.shadow_job is not None:
             keys = self.controller.engine_keys()
             self.shadow_job.engine_key = keys[0] if keys else None
-            self.shadow_job.run_once(self.clock())
+            # the traffic moving (the controller's acceptance regime) is when a candidate's rank can change
+            self.shadow_job.run_if_due(self.clock(), self.controller.memory.alpha_moved_at)
 
     def retain(self) -> None:
         now = self.clock()

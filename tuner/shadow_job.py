@@ -28,6 +28,7 @@ from typing import Any
 from collectors.records import EngineKey, EventRecord
 from collectors.traffic_record import RecorderSettings, SampleStore
 from policies.draft_choice import DraftCandidate
+from policies.shadow_schedule import DEFAULT_BACKOFF, ShadowSchedule, after_run, shadow_due
 from tuner.config import SpectunerConfig
 from tuner.shadow import ShadowCandidate, ShadowInputError, Throttle, evaluate, limit_resources, select_samples
 from tuner.store import Store
@@ -147,6 +148,8 @@ class ShadowJob:
         only: Sequence[str] = (),
         timeout_s: float = 1800.0,
         engine_key: EngineKey | None = None,
+        interval_s: float = 900.0,
+        max_interval_s: float | None = None,
     ) -> None:
         self.store = store
         self.spec = spec
@@ -155,6 +158,10 @@ class ShadowJob:
         self.timeout_s = timeout_s
         self.engine_key = engine_key
         self.last: dict[str, Any] | None = None
+        self.last_skip: str | None = None  # why the last tick ran no replay (None: it ran one)
+        # unset: agreeing runs come a quarter as often, and a move of the traffic still runs one at once
+        longest = DEFAULT_BACKOFF * interval_s if max_interval_s is None else max(interval_s, max_interval_s)
+        self.schedule = ShadowSchedule(interval_s, longest)
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[str] | None = None
         self._stopping = threading.Event()
@@ -173,6 +180,27 @@ class ShadowJob:
                 continue
             rows.append({"name": c.name, "method": c.method, "model": c.path, "extra": dict(c.speculative_config)})
         return rows
+
+    def run_if_due(self, now: datetime, traffic_moved_at: datetime | None = None) -> dict[str, Any] | None:
+        """The daemon's tick (every ``evaluate_interval_s``): a run when :func:`shadow_due` says one is due
+        (returns its summary), else None — the reason is logged and kept in ``self.last_skip``."""
+        due = shadow_due(self.schedule, now, [r["name"] for r in self._candidate_rows()], traffic_moved_at)
+        if not due.due:
+            self.last_skip = due.reason
+            log.info("shadow job: no replay now: %s", due.reason)
+            return None
+        self.last_skip = None
+        summary = self.run_once(now)
+        if summary.get("samples") and not summary.get("error"):
+            results: dict[str, tuple[float, float, float] | None] = {}
+            for row in summary["candidates"]:
+                ci = row.get("alpha_ci")
+                alpha = row.get("alpha")
+                results[row["candidate"]] = (
+                    (float(alpha), float(ci[0]), float(ci[1])) if isinstance(alpha, float) and ci else None
+                )
+            self.schedule = after_run(self.schedule, now, results)
+        return summary
 
     def run_once(self, now: datetime) -> dict[str, Any]:
         """One replay run; returns its summary (also ``self.last``) and writes one event."""
@@ -265,7 +293,10 @@ def shadow_job(
         nice=shadow.nice,
         cpu_share=shadow.cpu_share,
     )
-    return ShadowJob(store, spec, candidates, only=shadow.candidates, timeout_s=shadow.timeout_s)
+    return ShadowJob(
+        store, spec, candidates, only=shadow.candidates, timeout_s=shadow.timeout_s,
+        interval_s=shadow.evaluate_interval_s, max_interval_s=shadow.evaluate_interval_max_s,
+    )
 
 
 if __name__ == "__main__":

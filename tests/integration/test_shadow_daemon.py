@@ -119,6 +119,28 @@ def test_the_daemons_job_replays_the_record_in_a_child_and_stores_ngram_alpha(db
         assert 0 < event.data["cpu_s"] <= event.data["wall_s"] * (os.cpu_count() or 1) + 0.5
 
 
+def test_the_daemons_job_waits_longer_while_replays_agree_and_runs_at_once_when_the_traffic_moves(
+    db_url: str, tmp_path: Path
+) -> None:
+    write_target(tmp_path / "target")
+    cfg = config(tmp_path, db_url, evaluate_interval_s=60, evaluate_interval_max_s=240)
+    with Store(db_url) as store:
+        job = shadow_job(cfg, store, lambda: draft_candidates(cfg, store))
+        assert job is not None
+        assert job.run_if_due(T0) is not None  # nothing recorded yet: it looked, and will look again
+        record(tmp_path / "traffic")
+        assert job.run_if_due(T0 + timedelta(seconds=1))["samples"] == 2
+        assert job.schedule.current_wait_s == 60
+        assert job.run_if_due(T0 + timedelta(seconds=30)) is None and "next at" in (job.last_skip or "")
+        assert job.run_if_due(T0 + timedelta(seconds=61)) is not None  # the same record: the same α̂
+        assert job.schedule.current_wait_s == 120
+        assert job.run_if_due(T0 + timedelta(seconds=150)) is None
+        # the controller saw the acceptance move after that run began: a ranking may change, so run now
+        moved = job.run_if_due(T0 + timedelta(seconds=150), traffic_moved_at=T0 + timedelta(seconds=100))
+        assert moved is not None and job.last_skip is None
+        assert len([e for e in store.events() if e.kind == "shadow_evaluated"]) == 3
+
+
 def test_a_failing_or_overrunning_replay_is_an_event_not_an_exception(db_url: str, tmp_path: Path) -> None:
     write_target(tmp_path / "target")
     record(tmp_path / "traffic")

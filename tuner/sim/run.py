@@ -375,7 +375,8 @@ def simulate(
             driver.flush(records, [st for st in (_step(w, KEY) for w in ws) if st is not None])
             clock.now = T0 + timedelta(seconds=t)
             if shadow is not None and store is not None:
-                shadow.tick(clock.now, t, store)
+                moved = driver.controller.memory.alpha_moved_at if isinstance(driver, ControllerDriver) else None
+                shadow.tick(clock.now, t, store, moved)
             before = actuator.config
             driver.tick(clock.now)
             after_s = (clock.now - T0).total_seconds()

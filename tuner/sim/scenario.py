@@ -272,6 +272,10 @@ class ShadowSection(_Section):
     heads are not shadow-evaluated (they need the target's hidden states)."""
 
     interval_s: float = Field(default=600.0, gt=0, description="time between shadow runs")
+    interval_max_s: float | None = Field(
+        default=None, gt=0,
+        description="the longest wait while runs agree ([shadow] evaluate_interval_max_s); unset: 4 × interval_s",
+    )
     tokens_per_run: int = Field(default=2000, ge=1, description="recorded output tokens replayed per run")
     k: int = Field(default=3, ge=1, le=16, description="K the replay drafts with")
     bias_sd: float = Field(default=0.0, ge=0, lt=0.5, description="per-run error of the shadow α")

@@ -13,6 +13,7 @@ import numpy as np
 
 from policies.acceptance import estimate_alpha_from_evidence
 from policies.shadow_replay import ReplayResult
+from policies.shadow_schedule import DEFAULT_BACKOFF, ShadowSchedule, after_run, shadow_due
 from tuner.sim.engine import SimEngine
 from tuner.sim.scenario import Scenario, ShadowSection
 from tuner.store import Store
@@ -22,8 +23,10 @@ HEAD_METHODS = frozenset({"eagle", "eagle3"})
 
 
 class ShadowFeed:
-    """Runs as the daemon's shadow job does: the first run one ``interval_s`` after the start (an interval
-    job), each run's evidence stored ``run_s`` after it starts (the replay takes that long)."""
+    """Runs as the daemon's shadow job does: an interval job whose first firing is one ``interval_s`` after
+    the start; a firing runs a replay when ``policies.shadow_schedule`` says one is due (the wait doubles
+    while runs agree, up to ``interval_max_s``; the traffic moving runs one at once), and each run's
+    evidence is stored ``run_s`` after it starts (the replay takes that long)."""
 
     def __init__(self, scenario: Scenario, section: ShadowSection, engine: SimEngine, rng: np.random.Generator):
         self.scenario = scenario
@@ -32,22 +35,35 @@ class ShadowFeed:
         self.rng = rng
         self.next_s = section.interval_s
         self.runs = 0
+        longest = section.interval_max_s if section.interval_max_s is not None else DEFAULT_BACKOFF * section.interval_s
+        self.schedule = ShadowSchedule(section.interval_s, max(section.interval_s, longest))
         self._landing: list[tuple[float, ShadowResult]] = []
+        self._began: datetime | None = None
 
-    def tick(self, now: datetime, t_s: float, store: Store) -> None:
-        """Run the shadow evaluation when its interval is due and store the runs that have finished
-        (``t_s``: seconds into the scenario)."""
+    def tick(self, now: datetime, t_s: float, store: Store, traffic_moved_at: datetime | None = None) -> None:
+        """Run the shadow evaluation when its interval fires and a run is due, and store the runs that have
+        finished (``t_s``: seconds into the scenario; ``traffic_moved_at``: the controller's
+        ``ControllerMemory.alpha_moved_at``)."""
         if t_s + 1e-9 >= self.next_s:
             # a run still going when the interval fires again skips that firing (max_instances = 1 in
             # the daemon's scheduler): the next run is the first firing after this one ends
             every = self.section.interval_s
-            self.next_s = t_s + every * max(1, math.ceil(self.section.run_s / every - 1e-9))
-            self.runs += 1
-            self._landing += [(t_s + self.section.run_s, r) for r in self._evaluate(now, t_s)]
+            names = [d.name for d in self.scenario.drafts if d.method not in HEAD_METHODS]
+            if shadow_due(self.schedule, now, names, traffic_moved_at).due:
+                self.next_s = t_s + every * max(1, math.ceil(self.section.run_s / every - 1e-9))
+                self.runs += 1
+                self._began = now
+                self._landing += [(t_s + self.section.run_s, r) for r in self._evaluate(now, t_s)]
+            else:
+                self.next_s = t_s + every
         due = [r for at_s, r in self._landing if at_s <= t_s + 1e-9]
         self._landing = [(at_s, r) for at_s, r in self._landing if at_s > t_s + 1e-9]
         for r in due:
             write_shadow_result(store, r)
+        if due and self._began is not None:
+            results = {r.candidate: (r.alpha, *r.alpha_ci) if r.alpha is not None and r.alpha_ci else None
+                       for r in due}
+            self.schedule = after_run(self.schedule, self._began, results)
 
     def _evaluate(self, now: datetime, t_s: float) -> list[ShadowResult]:
         results = []

@@ -100,6 +100,13 @@ def test_starting_k_above_k_max_is_refused() -> None:
     assert "k_max" in p and "num_speculative_tokens" in p
 
 
+def test_a_shadow_wait_cap_below_its_interval_is_refused() -> None:
+    shadow = {"record_dir": "traffic", "target": "target", "evaluate_interval_s": 600.0}
+    [p] = problems(with_(MINIMAL, "shadow", **shadow, evaluate_interval_max_s=300.0))
+    assert "evaluate_interval_max_s" in p and "evaluate_interval_s = 600" in p
+    assert parse_config(with_(MINIMAL, "shadow", **shadow)).shadow.evaluate_interval_max_s is None  # 4 × 600
+
+
 def test_bad_url_and_maintenance_window() -> None:
     data = with_(MINIMAL, "engine", metrics_url="localhost:8000")
     data = with_(data, "guardrails", maintenance_windows=[{"days": [7], "start": "02:00", "end": "03:00"}])
