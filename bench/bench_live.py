@@ -527,8 +527,8 @@ def run_spectuner(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             "p50_latency_s": _q(lat, 0.5), "p99_latency_s": _q(lat, 0.99),
             "time_to_first_change_s": round(first - rel0, 1) if first is not None else None,
             "rate_per_30s": series,
-            # what the sidecar (daemon, front door, collectors; not the shadow's child) and the load generator
-            # took of this machine's CPU, which the engine shares on the CPU lab
+            # what the sidecar (its threads, and the shadow's child) and the load generator took of this
+            # machine's CPU, which the engine shares on the CPU lab
             "cpu": cpu.get(phase.name, {}),
         }
         phases[phase.name] = row

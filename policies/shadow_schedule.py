@@ -42,6 +42,13 @@ class ShadowSchedule:
                 f"shadow schedule: 0 < interval_s ≤ max_interval_s; got {self.interval_s}, {self.max_interval_s}"
             )
 
+    @classmethod
+    def configured(cls, interval_s: float, max_interval_s: float | None) -> ShadowSchedule:
+        """From the operator's settings: an unset cap is ``DEFAULT_BACKOFF`` × the interval, a cap below
+        the interval is the interval."""
+        longest = DEFAULT_BACKOFF * interval_s if max_interval_s is None else max(interval_s, max_interval_s)
+        return cls(interval_s, longest)
+
     @property
     def current_wait_s(self) -> float:
         return self.interval_s if self.wait_s is None else self.wait_s

@@ -28,7 +28,7 @@ from typing import Any
 from collectors.records import EngineKey, EventRecord
 from collectors.traffic_record import RecorderSettings, SampleStore
 from policies.draft_choice import DraftCandidate
-from policies.shadow_schedule import DEFAULT_BACKOFF, ShadowSchedule, after_run, shadow_due
+from policies.shadow_schedule import ShadowSchedule, after_run, shadow_due
 from tuner.config import SpectunerConfig
 from tuner.shadow import ShadowCandidate, ShadowInputError, Throttle, evaluate, limit_resources, select_samples
 from tuner.store import Store
@@ -159,9 +159,7 @@ class ShadowJob:
         self.engine_key = engine_key
         self.last: dict[str, Any] | None = None
         self.last_skip: str | None = None  # why the last tick ran no replay (None: it ran one)
-        # unset: agreeing runs come a quarter as often, and a move of the traffic still runs one at once
-        longest = DEFAULT_BACKOFF * interval_s if max_interval_s is None else max(interval_s, max_interval_s)
-        self.schedule = ShadowSchedule(interval_s, longest)
+        self.schedule = ShadowSchedule.configured(interval_s, max_interval_s)
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[str] | None = None
         self._stopping = threading.Event()

@@ -13,7 +13,7 @@ import numpy as np
 
 from policies.acceptance import estimate_alpha_from_evidence
 from policies.shadow_replay import ReplayResult
-from policies.shadow_schedule import DEFAULT_BACKOFF, ShadowSchedule, after_run, shadow_due
+from policies.shadow_schedule import ShadowSchedule, after_run, shadow_due
 from tuner.sim.engine import SimEngine
 from tuner.sim.scenario import Scenario, ShadowSection
 from tuner.store import Store
@@ -35,8 +35,7 @@ class ShadowFeed:
         self.rng = rng
         self.next_s = section.interval_s
         self.runs = 0
-        longest = section.interval_max_s if section.interval_max_s is not None else DEFAULT_BACKOFF * section.interval_s
-        self.schedule = ShadowSchedule(section.interval_s, max(section.interval_s, longest))
+        self.schedule = ShadowSchedule.configured(section.interval_s, section.interval_max_s)
         self._landing: list[tuple[float, ShadowResult]] = []
         self._began: datetime | None = None
 
