@@ -8,7 +8,8 @@ expected goodput (no sampling noise), three figures against the dynamic oracle:
 - the best fixed config (the oracle of ``ratio_to_oracle``);
 - the best schedule of restarts in hindsight: a dynamic programme over the windows in which a switch
   costs the new config's goodput for the downtime — perfect foresight, but paying for every restart (a K
-  change the engine takes live, ``[engine] live_k_max``, is free, as the simulator's actuator takes it);
+  change the engine takes live, ``[engine] live_k_max``, is free, as the simulator's actuator takes it;
+  on such an engine each draft at K = 0 is a config too, as a K table's K = 0 row reaches it);
 - the same schedule with every switch made ``delay`` seconds late: what a policy that follows each
   change ``delay`` s after it happened (detection, confirmation, hysteresis) could reach with perfect
   config choices. With ``--delay`` repeated, one figure per delay.
@@ -35,7 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tuner.sim.actuator import live_change  # noqa: E402
-from tuner.sim.engine import SimEngine  # noqa: E402
+from tuner.sim.engine import SimConfig, SimEngine  # noqa: E402
 from tuner.sim.run import _grid, dynamic_oracle_tokens, start_config  # noqa: E402
 from tuner.sim.scenario import load_scenario  # noqa: E402
 
@@ -105,6 +106,10 @@ def ceilings(name: str, delays_s: list[float]) -> dict[str, Any]:
     scenario = load_scenario(SCENARIOS / f"{name}.toml")
     engine = SimEngine(scenario)
     configs = [c for c in engine.all_configs() if engine.start_problem(c) is None]
+    if scenario.engine.live_k_max:
+        # a K = 0 row under a loaded draft: reached live from that draft's K (plain decoding where the plugin
+        # skips the draft's pass at K = 0), as a K table reaches it; "off" is a restart away
+        configs += [c for d in scenario.drafts if engine.start_problem(c := SimConfig(d.name, 0)) is None]
     mid, length = _grid(scenario)
     goodput = np.stack([engine.expected_goodput(c, mid) for c in configs])
     start_cfg = start_config(scenario)

@@ -322,7 +322,7 @@ def test_shadow_runs_start_one_interval_in_and_their_evidence_lands_when_the_run
 
 
 def test_live_k_engine_changes_k_without_a_restart_and_restarts_for_another_draft() -> None:
-    scenario = bench_scenario("lab_gpu_like", engine={"live_k_max": 5})
+    scenario = bench_scenario("lab_gpu_like", engine={"live_k_max": 5, "restart_downtime_s": 90})
     engine = SimEngine(scenario)
     clock = SimClock(T0)
     actuator = SimActuator(engine, clock, start_config(scenario))  # medium/K=3
@@ -345,7 +345,8 @@ def test_live_k_engine_changes_k_without_a_restart_and_restarts_for_another_draf
     result = actuator.apply(good)
     assert result.downtime_s == scenario.engine.restart_downtime_s and actuator.stats.restarts == 1
     # without live_k_max every change restarts (the default)
-    plain = SimActuator(SimEngine(bench_scenario("lab_gpu_like")), SimClock(T0), start_config(scenario))
+    restart_only = bench_scenario("lab_gpu_like", engine={"live_k_max": 0, "restart_downtime_s": 90})
+    plain = SimActuator(SimEngine(restart_only), SimClock(T0), start_config(scenario))
     assert plain.needs_restart_for(table)
     assert plain.apply(table).downtime_s == scenario.engine.restart_downtime_s
 
