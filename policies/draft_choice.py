@@ -157,6 +157,8 @@ class DraftTriggerConfig:
     prior_strength_trials: float = 200.0
     """Pseudo-tokens a candidate's prior α is worth against its measured history."""
     confidence: float = 0.95
+    shadow_error_sd: float = 0.02
+    """A shadow replay's α̂ error against the traffic until replays measure it (policies.replay_error)."""
 
     def __post_init__(self) -> None:
         if not 0 < self.threshold < 1:
@@ -165,6 +167,8 @@ class DraftTriggerConfig:
             raise ValueError("trigger duration must be > 0 s, min drafts ≥ 0 and segments ≥ 1")
         if not 0 < self.coverage <= 1 or not 0 < self.confidence < 1 or self.prior_strength_trials < 0:
             raise ValueError("coverage in (0, 1], confidence in (0, 1), prior strength ≥ 0 required")
+        if not 0 <= self.shadow_error_sd < 0.5:
+            raise ValueError(f"shadow_error_sd must lie in [0, 0.5) but got {self.shadow_error_sd!r}")
 
 
 @dataclass(frozen=True)

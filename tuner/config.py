@@ -419,6 +419,14 @@ class SwapSection(_Section):
     min_drafts: int = Field(default=2000, ge=0, description="drafts of evidence over the duration")
     segments: int = Field(default=3, ge=1, le=20, description="slices that must each be below the threshold")
     prior_strength_trials: float = Field(default=200.0, ge=0, description="weight of a candidate's prior α")
+    shadow_error_sd: float = Field(
+        default=0.02,
+        ge=0,
+        lt=0.5,
+        description="how far a shadow replay's α̂ may lie from the traffic's (its sample of requests), assumed "
+        "until consecutive replays of one acceptance regime measure it; a replay counts at most "
+        "α̂(1 − α̂)/σ² trials (policies.replay_error); 0: off, every replayed token counts",
+    )
     history_s: float = Field(default=7 * 86400.0, gt=0, description="how far back candidates' α is measured")
     fleet_prior: bool = Field(
         default=False,

@@ -808,7 +808,7 @@ def test_a_shadow_replay_from_before_the_traffic_moved_weighs_no_more_than_the_p
     would swap to a draft that was better on the old mix; dropped, an optimistic prior would stand alone.
     It is kept at the prior's weight (``prior_strength_trials``). Our own swap restarts the acceptance
     tracker (another draft is another α) but not the traffic: the cap holds across it. A replay after the
-    move counts in full."""
+    move counts in full (the replay-error cap off here: ``shadow_error_sd`` = 0; the next test has it)."""
     from policies.acceptance import AcceptanceEvidence
     from policies.draft_choice import DraftCandidate, DraftTriggerConfig
     from tuner.controller.context import ControllerMemory, build_context
@@ -816,7 +816,9 @@ def test_a_shadow_replay_from_before_the_traffic_moved_weighs_no_more_than_the_p
 
     other = DraftCandidate("other", "draft_model", "/drafts/other")
     good = DraftCandidate("good", "draft_model", "/drafts/good")
-    swap = DraftTriggerConfig(duration_s=200, min_drafts=500, segments=2, prior_strength_trials=150.0)
+    swap = DraftTriggerConfig(
+        duration_s=200, min_drafts=500, segments=2, prior_strength_trials=150.0, shadow_error_sd=0.0
+    )
     settings = replace(SETTINGS, policy=replace(SETTINGS.policy, swap=swap))
     full = AcceptanceEvidence(successes=2700.0, failures=300.0, drafts=1000.0)
 
@@ -854,6 +856,48 @@ def test_a_shadow_replay_from_before_the_traffic_moved_weighs_no_more_than_the_p
         assert memory.alpha_moved_at == moved
         replay(now)
         assert minutes(1, 0.5) == full  # replayed after the move: in full
+
+
+def test_a_replay_counts_no_more_trials_than_its_run_to_run_error_allows(db_url: str) -> None:
+    """Thousands of replayed tokens make a tight binomial interval, but the sample of recorded requests moves
+    each run off the traffic (live: ~0.013 in α, every draft of a run together). A candidate's newest replay
+    counts at most α̂(1 − α̂)/σ² trials, σ the configured ``shadow_error_sd`` until consecutive replays within
+    the acceptance regime measure it (``policies.replay_error``)."""
+    from policies.acceptance import AcceptanceEvidence
+    from policies.draft_choice import DraftCandidate, DraftTriggerConfig
+    from policies.replay_error import PRIOR_PAIRS
+    from tuner.controller.context import ControllerMemory, build_context
+    from tuner.store.shadow import ShadowResult, write_shadow_result
+
+    other = DraftCandidate("other", "draft_model", "/drafts/other")
+    swap = DraftTriggerConfig(duration_s=200, min_drafts=500, segments=2, shadow_error_sd=0.02)
+    settings = replace(SETTINGS, policy=replace(SETTINGS.policy, swap=swap))
+
+    def replay(at: datetime, alpha: float) -> None:
+        ev = AcceptanceEvidence(successes=3000.0 * alpha, failures=3000.0 * (1 - alpha), drafts=1000.0)
+        write_shadow_result(store, ShadowResult("other", "draft_model", "/drafts/other", at, 48, 3000, 3, ev, alpha,
+                                                (alpha - 0.01, alpha + 0.01), False, "ok"))  # fmt: skip
+
+    with Store(db_url) as store:
+        store.record_config(KEY, config_record(K2, T0, AppliedBy.STARTUP))
+        now = write_windows(store, T0, 30, k=2, rate=100.0, alpha=0.8)
+        current = store.current_config(KEY)
+        assert current is not None
+
+        def seen() -> AcceptanceEvidence:
+            ctx, _ = build_context(store, [KEY], current, now, settings, [other], [], ControllerMemory())
+            return ctx.shadow["other"]
+
+        replay(now - timedelta(seconds=200), 0.90)
+        first = seen()  # one run: the configured 0.02 → 0.9·0.1/0.02² = 225 trials
+        assert first.trials == pytest.approx(225.0) and first.successes / first.trials == pytest.approx(0.9)
+        replay(now - timedelta(seconds=100), 0.94)
+        replay(now, 0.90)
+        # two pairs 0.04 apart: σ² ≈ (0.04² − binomial) / 2 each, shrunk toward 0.02² by PRIOR_PAIRS
+        binomial = 0.9 * 0.1 / 3000 + 0.94 * 0.06 / 3000
+        measured = (0.04**2 - binomial) / 2
+        sd2 = (2 * measured + PRIOR_PAIRS * 0.02**2) / (2 + PRIOR_PAIRS)
+        assert seen().trials == pytest.approx(0.9 * 0.1 / sd2, rel=1e-6)
 
 
 def test_a_lookup_candidate_is_ranked_at_the_share_of_steps_its_newest_replay_drafted_at(db_url: str) -> None:

@@ -23,11 +23,12 @@ from typing import Any
 from collectors.records import EngineKey, WindowRecord
 from policies.acceptance import AcceptanceEvidence, AlphaEstimate, alpha_of_windows, effective_counters
 from policies.counters import SpecCounters
-from policies.draft_choice import DraftCandidate, SpecWindow
+from policies.draft_choice import DraftCandidate, DraftTriggerConfig, SpecWindow
 from policies.load_window import LoadWindow, choose_load_window, load_tracker
 from policies.memory import FREE_METHODS, KvCapacity
 from policies.positional import PositionData
 from policies.regime import SAMPLED_SCATTER_Z, RegimeTracker, basis, left_band, observe, remaining_s, restart
+from policies.replay_error import ReplayRun, capped, replay_error
 from policies.spec_config import SpecConfig
 from policies.step_cost import StepCostModel
 from tuner.controller.candidates import current_candidate, same_draft
@@ -45,7 +46,7 @@ from tuner.controller.fleet_prior import with_fleet_priors
 from tuner.controller.settings import ControllerSettings, PolicySettings
 from tuner.controller.step_cost import candidate_step_costs, config_specs, step_cost_from_steps, step_groups
 from tuner.store import Store, StoredConfig
-from tuner.store.shadow import latest_shadow_results, shadow_evidence
+from tuner.store.shadow import latest_shadow_results, shadow_evidence, shadow_results
 
 
 @dataclass(frozen=True)
@@ -346,10 +347,15 @@ def with_proposal_shares(
     return new_running, out
 
 
+REPLAY_ERROR_WINDOW_S = 86400.0  # how far back consecutive replays measure their run-to-run error
+
+
 def candidate_shadow(
     store: Store, now: datetime, settings: ControllerSettings, memory: ControllerMemory, names: Sequence[str]
 ) -> dict[str, AcceptanceEvidence]:
-    """Each candidate's newest shadow result within ``history_s``. One from before the running draft's
+    """Each candidate's newest shadow result within ``history_s``, counted at most α̂(1 − α̂)/σ² trials, σ
+    the run-to-run error of the replays (``policies.replay_error``: a run's sample of requests moves every
+    draft's α̂ together, beyond its binomial width). One from before the running draft's
     acceptance last moved with the traffic (``ControllerMemory.alpha_moved_at``; a regime our own swap
     began does not count) measured the candidates on another prompt mix: it weighs at most as much as
     the candidate's prior (``[swap] prior_strength_trials``). At full weight, set against the running
@@ -360,11 +366,18 @@ def candidate_shadow(
     replay lands, measured worse (docs/shadow.md)."""
     wanted = set(names)
     moved_at, swap = memory.alpha_moved_at, settings.policy.swap
+    # the replays' own scatter, from the last day's runs (a few hundred rows at most)
+    recent = shadow_results(store, now - timedelta(seconds=min(settings.history_s, REPLAY_ERROR_WINDOW_S)))
+    error = replay_error(
+        [ReplayRun(r.candidate, r.computed_at, r.evidence) for r in recent],
+        moved_at,
+        swap.shadow_error_sd if swap is not None else DraftTriggerConfig().shadow_error_sd,
+    )
     evidence = {}
     for name, result in latest_shadow_results(store, now - timedelta(seconds=settings.history_s)).items():
         if name not in wanted:
             continue
-        ev = result.evidence
+        ev = capped(result.evidence, error.sd)  # a run's sample of requests moves it off the traffic
         if swap is not None and moved_at is not None and result.computed_at < moved_at:
             ev = ev.scaled(min(1.0, swap.prior_strength_trials / ev.trials)) if ev.trials > 0 else ev
         evidence[name] = ev
@@ -413,9 +426,7 @@ def _with_revival(
     )
 
 
-def last_speculative(
-    store: Store, keys: Sequence[EngineKey], now: datetime, horizon_s: float
-) -> SpecConfig | None:
+def last_speculative(store: Store, keys: Sequence[EngineKey], now: datetime, horizon_s: float) -> SpecConfig | None:
     """The newest speculative config (K ≥ 1) in force on the engine within ``horizon_s`` (it may have started
     earlier); None if none."""
     if not keys:

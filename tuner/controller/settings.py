@@ -67,6 +67,7 @@ class PolicySettings:
                 segments=swap.segments,
                 prior_strength_trials=swap.prior_strength_trials,
                 confidence=policy.confidence,
+                shadow_error_sd=swap.shadow_error_sd,
             )
         if memory is None:
             return cls(policy, budget, trigger)

@@ -311,9 +311,16 @@ class SimEngine:
         return np.minimum((t // self._slot_s).astype(np.int64), len(self._jitter) - 1)
 
     def windows(
-        self, cfg: SimConfig, starts_s: NDArray[np.float64], ends_s: NDArray[np.float64], rng: np.random.Generator
+        self,
+        cfg: SimConfig,
+        starts_s: NDArray[np.float64],
+        ends_s: NDArray[np.float64],
+        rng: np.random.Generator,
+        cpu_taken: NDArray[np.float64] | None = None,
     ) -> list[SimWindow]:
-        """Draw consecutive collect windows under one config (the deltas the collector would store)."""
+        """Draw consecutive collect windows under one config (the deltas the collector would store).
+        ``cpu_taken``: per window, the share of the machine's CPU other processes took from a CPU-bound
+        engine (the sidecar beside it, ``[engine] sidecar_cpu_share``): its steps take 1 / (1 − share) as long."""
         t = (starts_s + ends_s) / 2.0
         duration = ends_s - starts_s
         conc = self.concurrency(t)
@@ -329,6 +336,8 @@ class SimEngine:
         cv = self.scenario.engine.step_time_cv
         noise = np.maximum(1.0 + cv * self._step_noise[self._slot(t)], 0.2)
         step_s = self.step_time_s(cfg, np.maximum(b, 1e-9)) * noise
+        if cpu_taken is not None:
+            step_s = step_s / (1.0 - np.clip(cpu_taken, 0.0, 0.9))
         steps = np.where(b > 0, duration / step_s, 0.0)
         seq_steps = np.rint(steps * b).astype(np.int64)
         if cfg.off:

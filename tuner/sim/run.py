@@ -358,7 +358,13 @@ def simulate(
             n = max(1, math.ceil((horizon - t) / c.collect_interval_s - 1e-9))
             starts = t + c.collect_interval_s * np.arange(n, dtype=np.float64)
             ends = np.minimum(starts + c.collect_interval_s, horizon)
-            ws = engine.windows(actuator.config, starts, ends, rng)
+            cpu_taken = None
+            if policy in CONTROLLER and (s.engine.sidecar_cpu_share > 0 or shadow is not None):
+                # spectuner's sidecar shares a CPU engine's cores: its threads, and a replay while one runs
+                cpu_taken = s.engine.sidecar_cpu_share + (
+                    shadow.cpu_taken(starts, ends) if shadow is not None else np.zeros(len(starts))
+                )
+            ws = engine.windows(actuator.config, starts, ends, rng, cpu_taken)
             tokens = np.array([w.generation_tokens for w in ws])
             run.total_tokens += float(tokens.sum())
             np.add.at(hourly, np.minimum((starts // 3600).astype(np.int64), hours - 1), tokens)

@@ -94,6 +94,15 @@ class EngineSection(_Section):
         description="with skip_draft_pass_at_k0, steps with a prompt skip it too ([plugin] "
         "skip_draft_pass_at_k0_prompts; an engine without prefix caching): a table's K = 0 costs the target alone",
     )
+    sidecar_cpu_share: float = Field(
+        default=0.0,
+        ge=0,
+        lt=0.9,
+        description="share of the machine's CPU spectuner's own threads take while it runs beside a CPU-bound "
+        "engine on the same cores (the lab: the daemon's jobs, the front door, the step writer); the engine "
+        "then runs at 1 − share of its speed under spectuner's policies (not the fixed configs, not the "
+        "baselines). 0 for a GPU engine, whose steps do not wait for the sidecar's CPU",
+    )
     memory: MemorySection | None = None
     failing_configs: list[FailingConfig] = Field(default_factory=list)
 
@@ -268,7 +277,8 @@ class ShadowSection(_Section):
     """Shadow evaluation of the drafts on sampled traffic (docs/shadow.md): every ``interval_s`` (the
     first one ``interval_s`` after the start, as the daemon's job) each
     draft model and ngram candidate gets α evidence from ``tokens_per_run`` replayed output tokens
-    (binomially noisy), off by a per-run error of sd ``bias_sd`` (replay against serving); EAGLE-style
+    (binomially noisy), off by a per-run error of sd ``bias_sd`` shared by the run's drafts (replay against
+    serving); EAGLE-style
     heads are not shadow-evaluated (they need the target's hidden states)."""
 
     interval_s: float = Field(default=600.0, gt=0, description="time between shadow runs")
@@ -278,8 +288,21 @@ class ShadowSection(_Section):
     )
     tokens_per_run: int = Field(default=2000, ge=1, description="recorded output tokens replayed per run")
     k: int = Field(default=3, ge=1, le=16, description="K the replay drafts with")
-    bias_sd: float = Field(default=0.0, ge=0, lt=0.5, description="per-run error of the shadow α")
+    bias_sd: float = Field(
+        default=0.0,
+        ge=0,
+        lt=0.5,
+        description="per-run error of the shadow α, shared by every draft of the run (they replay the same "
+        "recorded requests)",
+    )
     run_s: float = Field(default=0.0, ge=0, description="a run's duration: its evidence lands this long after")
+    cpu_share: float = Field(
+        default=0.0,
+        ge=0,
+        lt=0.9,
+        description="share of the machine's CPU a run's replay child takes while it runs, where it shares the "
+        "engine's cores (the lab): the engine runs at 1 − share of its speed meanwhile; 0 beside a GPU engine",
+    )
 
 
 class Scenario(_Section):

@@ -102,6 +102,17 @@ def latest_shadow_results(store: Store, since: datetime | None = None) -> dict[s
     return out
 
 
+def shadow_results(store: Store, since: datetime) -> list[ShadowResult]:
+    """Every shadow result computed at or after ``since``, oldest first."""
+    query = (
+        select(ShadowEvidenceRow)
+        .where(ShadowEvidenceRow.computed_at >= since)
+        .order_by(ShadowEvidenceRow.computed_at, ShadowEvidenceRow.id)
+    )
+    with store.read_connection() as conn:
+        return [_from_row(row) for row in conn.execute(query).mappings()]
+
+
 def _from_row(row: Any) -> ShadowResult:
     ci = (row["alpha_lo"], row["alpha_hi"]) if row["alpha_lo"] is not None else None
     return ShadowResult(
