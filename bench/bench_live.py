@@ -442,6 +442,8 @@ def run_spectuner(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         doc["shadow"] = {"record_dir": str(run_dir / "traffic"), "record_sample_rate": args.shadow_sample_rate,
                          "target": str(server.manifest.target.path), "evaluate_interval_s": args.shadow_interval_s,
                          "evaluate_interval_max_s": args.shadow_interval_max_s,
+                         **({} if args.shadow_max_machine_share is None
+                            else {"max_machine_share": args.shadow_max_machine_share}),
                          "max_samples": args.shadow_max_samples, "cpu_share": args.shadow_cpu_share,
                          "nice": args.shadow_nice, "k": 3, "timeout_s": 600.0}
     config = parse_config(doc, path="bench_live", base_dir=run_dir)
@@ -547,6 +549,7 @@ def run_spectuner(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         "shadow_runs": shadow_runs,
         "shadow_settings": None if args.shadow_interval_s <= 0 else {
             "interval_s": args.shadow_interval_s, "interval_max_s": args.shadow_interval_max_s,
+            "max_machine_share": args.shadow_max_machine_share,  # None: the daemon's default
             "sample_rate": args.shadow_sample_rate,
             "max_samples": args.shadow_max_samples, "cpu_share": args.shadow_cpu_share, "nice": args.shadow_nice},
         "decisions": [{"status": d.status, "reason": d.decision.reason, "message": d.decision.message[:300]}
@@ -774,6 +777,8 @@ def main() -> int:
                         help="spectuner's [shadow] replay interval (s); 0: no shadow evaluation")
     parser.add_argument("--shadow-interval-max-s", type=float, default=None,
                         help="the longest wait between replays while they agree (s); unset: 4 × the interval")
+    parser.add_argument("--shadow-max-machine-share", type=float, default=None,
+                        help="the replays' CPU budget (share of the machine over time); unset: the daemon's default")
     parser.add_argument("--shadow-sample-rate", type=float, default=0.5, help="share of requests recorded")
     parser.add_argument("--shadow-max-samples", type=int, default=48, help="newest samples per replay")
     parser.add_argument("--shadow-cpu-share", type=float, default=0.3, help="the replay's CPU cap (share of a core)")

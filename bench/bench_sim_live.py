@@ -25,7 +25,7 @@ sys.path.insert(0, str(REPO))
 
 from tuner.sim.engine import SimConfig, SimEngine  # noqa: E402
 from tuner.sim.run import _phase_goodput, run_scenario, simulate  # noqa: E402
-from tuner.sim.scenario import load_scenario  # noqa: E402
+from tuner.sim.scenario import Scenario, ShadowSection, load_scenario  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
 SHOWN = ("off", "good/K=1", "good/K=3", "good/K=5", "medium/K=3", "weak/K=3", "ngram/K=3")
@@ -38,8 +38,28 @@ def _sim_config(label: str) -> SimConfig:
     return SimConfig(draft, int(k))
 
 
+def shadow_as_run(scenario: Scenario, live: dict[str, Any]) -> Scenario:
+    """The scenario with the ``[shadow]`` schedule the live run's sidecar had (``shadow_settings``): a run made
+    before a setting existed ran without it — no ``interval_max_s``: a replay every ``interval_s``; no
+    ``max_machine_share``: no CPU budget — and a setting left unset ran the daemon's default."""
+    settings = live.get("spectuner", {}).get("shadow_settings")
+    if scenario.shadow is None or settings is None:
+        return scenario if settings is not None else scenario.model_copy(update={"shadow": None})
+    interval_s = float(settings["interval_s"])
+    update: dict[str, Any] = {
+        "interval_s": interval_s,
+        "interval_max_s": settings.get("interval_max_s", interval_s),  # absent: before the backoff
+        "max_machine_share": (
+            0.0 if "max_machine_share" not in settings
+            else ShadowSection.model_fields["max_machine_share"].default if settings["max_machine_share"] is None
+            else float(settings["max_machine_share"])
+        ),
+    }
+    return scenario.model_copy(update={"shadow": scenario.shadow.model_copy(update=update)})
+
+
 def compare(live: dict[str, Any], scenario_path: Path, seed: int | None = None) -> dict[str, Any]:
-    scenario = load_scenario(scenario_path)
+    scenario = shadow_as_run(load_scenario(scenario_path), live)
     phases = live["phases"]
     sim_phases = [p.name for p in scenario.load.phases]
     if sim_phases != phases:
@@ -80,6 +100,9 @@ def compare(live: dict[str, Any], scenario_path: Path, seed: int | None = None) 
         "spectuner_vs_oracle": {"live": round(live_total, 3), "sim": round(sim_total, 3),
                                 "gap": round(sim_total - live_total, 3), "target_gap": 0.05},
         "sim_spectuner": {k: sim["policies"]["spectuner"][k] for k in ("changes", "restarts", "final_config")},
+        # the replay schedule simulated: the live run's (shadow_as_run)
+        "sim_shadow": None if scenario.shadow is None else scenario.shadow.model_dump(
+            include={"interval_s", "interval_max_s", "max_machine_share", "run_s", "cpu_share"}),
     }
 
 
@@ -97,7 +120,8 @@ def markdown(doc: dict[str, Any]) -> str:
                      f"{r['spectuner_vs_oracle']['live']:.3f} / {r['spectuner_vs_oracle']['sim']:.3f} |")
     t = doc["spectuner_vs_oracle"]
     lines += ["", f"Over the run: spectuner ÷ oracle live **{t['live']:.3f}**, simulated **{t['sim']:.3f}**, gap "
-              f"{t['gap']:+.3f} (target |gap| ≤ {t['target_gap']}). Simulated spectuner: {doc['sim_spectuner']}."]
+              f"{t['gap']:+.3f} (target |gap| ≤ {t['target_gap']}). Simulated spectuner: {doc['sim_spectuner']}; "
+              f"its shadow replays as the live run's: {doc.get('sim_shadow')}."]
     return "\n".join(lines) + "\n"
 
 

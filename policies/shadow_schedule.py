@@ -8,7 +8,14 @@ clock it mostly re-measures what the last run said. So:
   ``AGREE_ALPHA`` of it) learned nothing: the next waits twice as long, up to ``max_interval_s``;
 - any other outcome — a candidate moved, appeared or vanished — brings the wait back to ``interval_s``;
 - the traffic moving (the controller's acceptance regime changed since the last run began) or another
-  set of candidates makes a run due at once, whatever the wait: that is when a ranking can change.
+  set of candidates makes a run due at once, whatever the wait: that is when a ranking can change;
+- and every run, whatever made it due, stays inside a CPU budget: the replays take at most
+  ``machine_share`` of the host over time (a token bucket of machine-seconds, filled at that rate and
+  holding ``BURST_RUNS`` runs, each charged what it measured). On the 2-core lab a run costs ~6.5
+  machine-seconds, so at 0.02 one runs every ~5 min on average, a burst of two when the traffic moves after
+  a quiet spell; a replay's CPU there slows the engine it shares the cores with, and a clock of 90 s cost
+  the simulated lab 7 % of its goodput for rankings it already had. On a many-core GPU host the same share
+  is many cores and never binds.
 
 A value, not a state machine: :func:`shadow_due` reads a :class:`ShadowSchedule`, :func:`after_run`
 returns the next one.
@@ -24,6 +31,10 @@ DEFAULT_BACKOFF = 4.0
 """``max_interval_s`` when the operator sets none: this many times ``interval_s`` (agreeing runs come a
 quarter as often; the traffic moving still runs one at once)."""
 
+BURST_RUNS = 2.0
+"""The budget's bucket holds this many runs (of the last run's cost): two replays in a row when the traffic
+moves after a quiet spell, then the average rate."""
+
 Interval = tuple[float, float, float]
 """A candidate's α̂ and its interval (lo, hi)."""
 
@@ -35,23 +46,48 @@ class ShadowSchedule:
     wait_s: float | None = None  # the current wait (None: interval_s)
     last_run: datetime | None = None  # when the last run began
     results: Mapping[str, Interval | None] = field(default_factory=dict)  # the last run's, per candidate
+    machine_share: float = 0.0  # the most of the host the replays take over time; 0: no budget
+    cost_s: float | None = None  # the last run's cost, machine-seconds (its CPU-s ÷ the host's CPUs)
+    credit_s: float | None = None  # the budget's machine-seconds left at credit_at (None: a full bucket)
+    credit_at: datetime | None = None
 
     def __post_init__(self) -> None:
         if not (self.interval_s > 0 and self.max_interval_s >= self.interval_s):
             raise ValueError(
                 f"shadow schedule: 0 < interval_s ≤ max_interval_s; got {self.interval_s}, {self.max_interval_s}"
             )
+        if not 0.0 <= self.machine_share < 1.0:
+            raise ValueError(f"shadow schedule: 0 ≤ machine_share < 1; got {self.machine_share}")
 
     @classmethod
-    def configured(cls, interval_s: float, max_interval_s: float | None) -> ShadowSchedule:
+    def configured(
+        cls, interval_s: float, max_interval_s: float | None, machine_share: float = 0.0
+    ) -> ShadowSchedule:
         """From the operator's settings: an unset cap is ``DEFAULT_BACKOFF`` × the interval, a cap below
-        the interval is the interval."""
+        the interval is the interval; ``machine_share`` is ``[shadow] max_machine_share``."""
         longest = DEFAULT_BACKOFF * interval_s if max_interval_s is None else max(interval_s, max_interval_s)
-        return cls(interval_s, longest)
+        return cls(interval_s, longest, machine_share=machine_share)
 
     @property
     def current_wait_s(self) -> float:
         return self.interval_s if self.wait_s is None else self.wait_s
+
+    def credit(self, now: datetime) -> float | None:
+        """The budget's machine-seconds at ``now``; None where it does not bind (no budget, no run measured)."""
+        if self.machine_share <= 0 or self.cost_s is None:
+            return None
+        full = BURST_RUNS * self.cost_s
+        if self.credit_s is None or self.credit_at is None:
+            return full
+        elapsed = max((now - self.credit_at).total_seconds(), 0.0)
+        return min(full, self.credit_s + self.machine_share * elapsed)
+
+    def budget_allows_at(self, now: datetime) -> datetime | None:
+        """When the budget holds the cost of another run (None: now)."""
+        credit = self.credit(now)
+        if credit is None or self.cost_s is None or credit >= self.cost_s - 1e-9:
+            return None
+        return now + timedelta(seconds=(self.cost_s - credit) / self.machine_share)
 
 
 @dataclass(frozen=True)
@@ -66,6 +102,13 @@ def shadow_due(
     """Whether a replay should run at ``now``, and why (or why not)."""
     if schedule.last_run is None:
         return ShadowDue(True, "no replay yet")
+    allowed_at = schedule.budget_allows_at(now)
+    if allowed_at is not None:
+        return ShadowDue(
+            False,
+            f"the replays' CPU budget ([shadow] max_machine_share = {schedule.machine_share:g} of the host; the "
+            f"last run took {schedule.cost_s or 0.0:.1f} machine-s) allows the next at {allowed_at:%H:%M:%S}",
+        )
     names = set(candidates)
     if names != set(schedule.results):
         return ShadowDue(True, "the candidates changed since the last replay")
@@ -95,12 +138,24 @@ def _agree(old: Interval | None, new: Interval | None) -> bool:
     return overlap or abs(new[0] - old[0]) <= AGREE_ALPHA
 
 
-def after_run(schedule: ShadowSchedule, began: datetime, results: Mapping[str, Interval | None]) -> ShadowSchedule:
-    """The schedule after a run that began at ``began`` and measured ``results``."""
+def after_run(
+    schedule: ShadowSchedule,
+    began: datetime,
+    results: Mapping[str, Interval | None],
+    cost_s: float | None = None,
+) -> ShadowSchedule:
+    """The schedule after a run that began at ``began``, measured ``results`` and cost ``cost_s``
+    machine-seconds (its CPU-s ÷ the host's CPUs; None: not measured, the budget keeps the last cost)."""
     same = (
         schedule.last_run is not None
         and set(results) == set(schedule.results)
         and all(_agree(schedule.results[name], value) for name, value in results.items())
     )
     wait = min(2.0 * schedule.current_wait_s, schedule.max_interval_s) if same and results else schedule.interval_s
-    return replace(schedule, wait_s=wait, last_run=began, results=dict(results))
+    after = replace(schedule, wait_s=wait, last_run=began, results=dict(results))
+    if cost_s is None or cost_s < 0:
+        return after
+    # the bucket as the run began, before this run's cost was known: a first run finds it full
+    before = schedule.credit(began)
+    credit = (BURST_RUNS * cost_s if before is None else before) - cost_s
+    return replace(after, cost_s=cost_s, credit_s=credit, credit_at=began)

@@ -471,6 +471,14 @@ class ShadowSection(_Section):
     threads: int = Field(default=1, ge=1, description="CPU threads the replay worker may use")
     nice: int = Field(default=19, ge=0, le=19, description="the worker's CPU priority drop")
     cpu_share: float = Field(default=0.1, gt=0, le=1, description="most CPU time the worker takes (share of a core)")
+    max_machine_share: float = Field(
+        default=0.02,
+        ge=0,
+        lt=1,
+        description="the most of the host's CPUs the replays take over time (each run charged the CPU time it "
+        "measured, up to two runs in a row; a run that would exceed it waits, whatever made it due): on a small "
+        "host the replay slows an engine that shares its cores; 0: no budget",
+    )
     timeout_s: float = Field(default=1800.0, gt=0, description="a replay run still going after this is stopped")
 
     @model_validator(mode="after")

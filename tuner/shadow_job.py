@@ -150,6 +150,7 @@ class ShadowJob:
         engine_key: EngineKey | None = None,
         interval_s: float = 900.0,
         max_interval_s: float | None = None,
+        max_machine_share: float = 0.0,
     ) -> None:
         self.store = store
         self.spec = spec
@@ -159,7 +160,7 @@ class ShadowJob:
         self.engine_key = engine_key
         self.last: dict[str, Any] | None = None
         self.last_skip: str | None = None  # why the last tick ran no replay (None: it ran one)
-        self.schedule = ShadowSchedule.configured(interval_s, max_interval_s)
+        self.schedule = ShadowSchedule.configured(interval_s, max_interval_s, max_machine_share)
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[str] | None = None
         self._stopping = threading.Event()
@@ -197,7 +198,9 @@ class ShadowJob:
                 results[row["candidate"]] = (
                     (float(alpha), float(ci[0]), float(ci[1])) if isinstance(alpha, float) and ci else None
                 )
-            self.schedule = after_run(self.schedule, now, results)
+            cpu_s = summary.get("cpu_s")
+            cost = float(cpu_s) / host_cpus() if isinstance(cpu_s, (int, float)) else None
+            self.schedule = after_run(self.schedule, now, results, cost)
         return summary
 
     def run_once(self, now: datetime) -> dict[str, Any]:
@@ -294,7 +297,16 @@ def shadow_job(
     return ShadowJob(
         store, spec, candidates, only=shadow.candidates, timeout_s=shadow.timeout_s,
         interval_s=shadow.evaluate_interval_s, max_interval_s=shadow.evaluate_interval_max_s,
+        max_machine_share=shadow.max_machine_share,
     )
+
+
+def host_cpus() -> int:
+    """The CPUs this process may run on (the replay's budget is a share of them)."""
+    try:
+        return max(len(os.sched_getaffinity(0)), 1)
+    except AttributeError:  # not Linux
+        return max(os.cpu_count() or 1, 1)
 
 
 if __name__ == "__main__":

@@ -884,13 +884,17 @@ def test_a_replay_counts_no_more_trials_than_its_run_to_run_error_allows(db_url:
         current = store.current_config(KEY)
         assert current is not None
 
+        weights: list[str | None] = []
+
         def seen() -> AcceptanceEvidence:
             ctx, _ = build_context(store, [KEY], current, now, settings, [other], [], ControllerMemory())
+            weights.append(ctx.shadow_weight)  # what the decision's message and audit row say of it
             return ctx.shadow["other"]
 
         replay(now - timedelta(seconds=200), 0.90)
         first = seen()  # one run: the configured 0.02 → 0.9·0.1/0.02² = 225 trials
         assert first.trials == pytest.approx(225.0) and first.successes / first.trials == pytest.approx(0.9)
+        assert weights[-1] == "replay error σ 0.020 (configured; no two replays of one regime yet)"
         replay(now - timedelta(seconds=100), 0.94)
         replay(now, 0.90)
         # two pairs 0.04 apart: σ² ≈ (0.04² − binomial) / 2 each, shrunk toward 0.02² by PRIOR_PAIRS
@@ -898,6 +902,7 @@ def test_a_replay_counts_no_more_trials_than_its_run_to_run_error_allows(db_url:
         measured = (0.04**2 - binomial) / 2
         sd2 = (2 * measured + PRIOR_PAIRS * 0.02**2) / (2 + PRIOR_PAIRS)
         assert seen().trials == pytest.approx(0.9 * 0.1 / sd2, rel=1e-6)
+        assert weights[-1] == f"replay error σ {sd2 ** 0.5:.3f} (2 consecutive pair(s) read {measured ** 0.5:.3f})"
 
 
 def test_a_lookup_candidate_is_ranked_at_the_share_of_steps_its_newest_replay_drafted_at(db_url: str) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -123,7 +124,8 @@ def test_the_daemons_job_waits_longer_while_replays_agree_and_runs_at_once_when_
     db_url: str, tmp_path: Path
 ) -> None:
     write_target(tmp_path / "target")
-    cfg = config(tmp_path, db_url, evaluate_interval_s=60, evaluate_interval_max_s=240)
+    # the CPU budget off: this is the backoff alone (the next test is the budget)
+    cfg = config(tmp_path, db_url, evaluate_interval_s=60, evaluate_interval_max_s=240, max_machine_share=0)
     with Store(db_url) as store:
         job = shadow_job(cfg, store, lambda: draft_candidates(cfg, store))
         assert job is not None
@@ -139,6 +141,36 @@ def test_the_daemons_job_waits_longer_while_replays_agree_and_runs_at_once_when_
         moved = job.run_if_due(T0 + timedelta(seconds=150), traffic_moved_at=T0 + timedelta(seconds=100))
         assert moved is not None and job.last_skip is None
         assert len([e for e in store.events() if e.kind == "shadow_evaluated"]) == 3
+
+
+def test_the_daemons_job_charges_each_replay_its_measured_cpu_against_the_budget(
+    db_url: str, tmp_path: Path
+) -> None:
+    write_target(tmp_path / "target")
+    record(tmp_path / "traffic")
+    cfg = config(tmp_path, db_url, evaluate_interval_s=60, max_machine_share=0.01)
+    cpus = len(os.sched_getaffinity(0))
+    with Store(db_url) as store:
+        job = shadow_job(cfg, store, lambda: draft_candidates(cfg, store))
+        assert job is not None
+        first = job.run_if_due(T0)
+        assert first is not None and first["samples"] == 2
+        # what the child measured, over the CPUs this host lends the daemon
+        cost = job.schedule.cost_s
+        assert cost is not None and cost == pytest.approx(first["cpu_s"] / cpus)
+        # as if a burst had spent the bucket at T0: the traffic moving does not run a replay it cannot pay for
+        job.schedule = replace(job.schedule, credit_s=0.0, credit_at=T0)
+        moved_at = T0 + timedelta(seconds=1)
+        refill_s = cost / 0.01  # a run's cost at 1 % of the host
+        assert job.run_if_due(T0 + timedelta(seconds=refill_s / 2), traffic_moved_at=moved_at) is None
+        assert "max_machine_share = 0.01" in (job.last_skip or "")
+        later = T0 + timedelta(seconds=refill_s + 1)
+        second = job.run_if_due(later, traffic_moved_at=moved_at)
+        assert second is not None and job.last_skip is None
+        # charged what this run measured: the bucket held its refill (cost + 0.01 s·share), less that
+        assert job.schedule.cost_s == pytest.approx(second["cpu_s"] / cpus)
+        assert job.schedule.credit_s == pytest.approx(cost + 0.01 - second["cpu_s"] / cpus)
+        assert len([e for e in store.events() if e.kind == "shadow_evaluated"]) == 2
 
 
 def test_a_failing_or_overrunning_replay_is_an_event_not_an_exception(db_url: str, tmp_path: Path) -> None:

@@ -28,7 +28,7 @@ from policies.load_window import LoadWindow, choose_load_window, load_tracker
 from policies.memory import FREE_METHODS, KvCapacity
 from policies.positional import PositionData
 from policies.regime import SAMPLED_SCATTER_Z, RegimeTracker, basis, left_band, observe, remaining_s, restart
-from policies.replay_error import ReplayRun, capped, replay_error
+from policies.replay_error import ReplayError, ReplayRun, capped, replay_error
 from policies.spec_config import SpecConfig
 from policies.step_cost import StepCostModel
 from tuner.controller.candidates import current_candidate, same_draft
@@ -94,6 +94,9 @@ class DecisionContext:
     # candidate name → α evidence from shadow replay of recorded traffic (tuner.shadow), within history_s;
     # the draft choice adds it to ``history`` (both are this target's acceptance of that draft)
     shadow: Mapping[str, AcceptanceEvidence] = field(default_factory=dict)
+    # how much a replay counted, in words (policies.replay_error's σ: "replay error σ 0.013 (3 pairs ...)");
+    # the swap decision's message and audit row carry it. None: no shadow evidence
+    shadow_weight: str | None = None
     failed: tuple[SpecConfig, ...] = ()  # configs that failed to apply or regressed lately (not proposed again)
     failed_candidates: frozenset[str] = frozenset()  # candidates whose draft is among them
     # the draft the 0.4 floor swapped out for the running one, while the running draft's acceptance has
@@ -311,12 +314,14 @@ def build_context(
         running = next((c for c in everyone if running is not None and c.name == running.name), running)
         ctx = replace(ctx, running=running)
     memory = _with_floored_previous(memory, store, keys, stored, settings)
+    shadow, error = candidate_shadow(store, now, settings, memory, [c.name for c in everyone])
     return replace(
         ctx,
         candidates=tuple(everyone),
         trigger_windows=spec_windows(store, keys, stored, now, settings.policy.swap.duration_s),
         history=measured_history(store, keys, now, settings.history_s, everyone, same_draft, memory.history),
-        shadow=candidate_shadow(store, now, settings, memory, [c.name for c in everyone]),
+        shadow=shadow,
+        shadow_weight=error.describe() if shadow else None,
         failed_candidates=frozenset(c.name for c in everyone if any(same_draft(f, c) for f in failed)),
         floored=floored_out(everyone, settings, memory),
     ), memory
@@ -352,8 +357,9 @@ REPLAY_ERROR_WINDOW_S = 86400.0  # how far back consecutive replays measure thei
 
 def candidate_shadow(
     store: Store, now: datetime, settings: ControllerSettings, memory: ControllerMemory, names: Sequence[str]
-) -> dict[str, AcceptanceEvidence]:
-    """Each candidate's newest shadow result within ``history_s``, counted at most α̂(1 − α̂)/σ² trials, σ
+) -> tuple[dict[str, AcceptanceEvidence], ReplayError]:
+    """Each candidate's newest shadow result within ``history_s`` (and the replay error it was weighed
+    with), counted at most α̂(1 − α̂)/σ² trials, σ
     the run-to-run error of the replays (``policies.replay_error``: a run's sample of requests moves every
     draft's α̂ together, beyond its binomial width). One from before the running draft's
     acceptance last moved with the traffic (``ControllerMemory.alpha_moved_at``; a regime our own swap
@@ -381,7 +387,7 @@ def candidate_shadow(
         if swap is not None and moved_at is not None and result.computed_at < moved_at:
             ev = ev.scaled(min(1.0, swap.prior_strength_trials / ev.trials)) if ev.trials > 0 else ev
         evidence[name] = ev
-    return evidence
+    return evidence, error
 
 
 def revival_candidates(

@@ -478,7 +478,7 @@ def propose_swap(ctx: DecisionContext, settings: PolicySettings) -> PolicyOutcom
         )
     )
     trigger = decision.trigger
-    details = _draft_details(decision, swap)
+    details = _draft_details(decision, swap, _shadow_weight(ctx, decision))
     reason = _SWAP_REASONS.get(decision.reason)
     if reason is None:
         if not trigger.triggered and decision.swap_pending is not None:
@@ -532,8 +532,11 @@ def propose_swap(ctx: DecisionContext, settings: PolicySettings) -> PolicyOutcom
     # the two speedups rest on independent evidence (each draft's own α): their intervals combine in
     # quadrature; a K change's gain (one draft, one α) keeps dividing opposite ends
     gain_ci = independent_ratio_interval(new_speedup, new_ci, cur_speedup, cur_ci)
+    message = decision.message
+    if decision.candidate is not None and decision.candidate.name in ctx.shadow and ctx.shadow_weight:
+        message = f"{message} Its shadow replays counted with {ctx.shadow_weight}."
     return PolicyOutcome(
-        reason, decision.message, target, gain, gain_ci, acceptance_low=low, details=details,
+        reason, message, target, gain, gain_ci, acceptance_low=low, details=details,
         streak_key=_draft_streak_key(target),
     )  # fmt: skip
 
@@ -556,7 +559,7 @@ def propose_enable(ctx: DecisionContext, settings: PolicySettings) -> PolicyOutc
     step_cost = step_cost_model(ctx, settings)
     batch = _enable_batch(ctx)
     decision = choose_enable(_draft_snapshot(ctx, settings, allowed, batch, step_cost, trigger))
-    details = _draft_details(decision, trigger)
+    details = _draft_details(decision, trigger, _shadow_weight(ctx, decision))
     details["batch_size"] = batch
     chosen = decision.candidate
     score = next((r for r in decision.ranking if chosen is not None and r.name == chosen.name), None)
@@ -682,10 +685,21 @@ def _k_over_load(
     return decision.k, decision.gain_vs_current, decision.gain_vs_current_ci, decision.message
 
 
-def _draft_details(decision: DraftDecision, swap: DraftTriggerConfig) -> dict[str, Any]:
-    """What the audit row keeps of a draft decision: the trigger's reading and the ranking."""
+def _shadow_weight(ctx: DecisionContext, decision: DraftDecision) -> str | None:
+    """The replay error the shadow evidence was weighed with, where a ranked candidate has some."""
+    ranked = {r.name for r in decision.ranking}
+    return ctx.shadow_weight if ctx.shadow_weight and ranked & set(ctx.shadow) else None
+
+
+def _draft_details(
+    decision: DraftDecision, swap: DraftTriggerConfig, shadow_weight: str | None = None
+) -> dict[str, Any]:
+    """What the audit row keeps of a draft decision: the trigger's reading, the ranking, and how much a
+    shadow replay counted where one ranked a candidate."""
     trigger = decision.trigger
+    shadow = {"shadow_weight": shadow_weight} if shadow_weight else {}
     return {
+        **shadow,
         "draft_reason": decision.reason.value,
         "trigger": {
             "triggered": trigger.triggered,

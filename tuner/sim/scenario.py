@@ -303,6 +303,13 @@ class ShadowSection(_Section):
         description="share of the machine's CPU a run's replay child takes while it runs, where it shares the "
         "engine's cores (the lab): the engine runs at 1 − share of its speed meanwhile; 0 beside a GPU engine",
     )
+    max_machine_share: float = Field(
+        default=0.02,
+        ge=0,
+        lt=1,
+        description="[shadow] max_machine_share: the replays' CPU budget, each run charged cpu_share × run_s "
+        "machine-seconds; 0: no budget",
+    )
 
 
 class Scenario(_Section):

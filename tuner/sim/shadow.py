@@ -26,8 +26,9 @@ HEAD_METHODS = frozenset({"eagle", "eagle3"})
 class ShadowFeed:
     """Runs as the daemon's shadow job does: an interval job whose first firing is one ``interval_s`` after
     the start; a firing runs a replay when ``policies.shadow_schedule`` says one is due (the wait doubles
-    while runs agree, up to ``interval_max_s``; the traffic moving runs one at once), and each run's
-    evidence is stored ``run_s`` after it starts (the replay takes that long)."""
+    while runs agree, up to ``interval_max_s``; the traffic moving runs one at once; every run within the
+    ``max_machine_share`` budget), and each run's evidence is stored ``run_s`` after it starts (the replay
+    takes that long)."""
 
     def __init__(self, scenario: Scenario, section: ShadowSection, engine: SimEngine, rng: np.random.Generator):
         self.scenario = scenario
@@ -36,7 +37,9 @@ class ShadowFeed:
         self.rng = rng
         self.next_s = section.interval_s
         self.runs = 0
-        self.schedule = ShadowSchedule.configured(section.interval_s, section.interval_max_s)
+        self.schedule = ShadowSchedule.configured(
+            section.interval_s, section.interval_max_s, section.max_machine_share
+        )
         self._landing: list[tuple[float, ShadowResult]] = []
         self._began: datetime | None = None
         self._busy: list[tuple[float, float]] = []  # (start s, end s) of each run's replay
@@ -78,7 +81,8 @@ class ShadowFeed:
         if due and self._began is not None:
             results = {r.candidate: (r.alpha, *r.alpha_ci) if r.alpha is not None and r.alpha_ci else None
                        for r in due}
-            self.schedule = after_run(self.schedule, self._began, results)
+            cost = self.section.cpu_share * self.section.run_s  # machine-seconds, as the daemon charges cpu_s ÷ CPUs
+            self.schedule = after_run(self.schedule, self._began, results, cost)
 
     def _evaluate(self, now: datetime, t_s: float) -> list[ShadowResult]:
         results = []

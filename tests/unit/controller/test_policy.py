@@ -393,6 +393,15 @@ def test_shadow_evidence_ranks_a_candidate_that_was_never_served() -> None:
     assert propose(ctx, SETTINGS).target.model == "/models/good"  # type: ignore[union-attr]
     out = propose(replace(ctx, shadow=shadow), SETTINGS)
     assert out.target is not None and out.target.model == "/models/medium"
+    # how much a replay counted shows in the audit row, and in the message when the chosen draft has one
+    weight = "replay error σ 0.020 (configured; no two replays of one regime yet)"
+    weighed = propose(replace(ctx, shadow=shadow, shadow_weight=weight), SETTINGS)
+    assert weighed.details["shadow_weight"] == weight and weight not in weighed.message  # medium: never replayed
+    both = {**shadow, "medium": AcceptanceEvidence(successes=16000.0, failures=4000.0, drafts=8000.0)}
+    chosen = propose(replace(ctx, shadow=both, shadow_weight=weight), SETTINGS)
+    assert chosen.target is not None and chosen.target.model == "/models/medium"
+    assert f"Its shadow replays counted with {weight}." in chosen.message
+    assert "shadow_weight" not in propose(ctx, SETTINGS).details
 
 
 def test_propose_k_moves_half_way_while_the_fit_cannot_measure_the_verification_cost() -> None:

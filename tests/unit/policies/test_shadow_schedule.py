@@ -57,3 +57,26 @@ def test_a_candidate_that_stays_skipped_agrees_one_that_starts_measuring_does_no
 def test_a_cap_below_the_interval_is_refused() -> None:
     with pytest.raises(ValueError, match="interval_s"):
         ShadowSchedule(90.0, 60.0)
+
+
+def test_the_cpu_budget_holds_two_runs_and_refills_at_its_share_whatever_made_a_run_due() -> None:
+    sched = ShadowSchedule.configured(60.0, None, machine_share=0.02)
+    assert shadow_due(sched, T0, ["good"], None).due  # no replay yet: nothing measured, nothing binds
+    sched = after_run(sched, T0, {"good": GOOD}, cost_s=6.0)  # 6 machine-s: the bucket held 12, 6 left
+    assert sched.credit(T0) == pytest.approx(6.0)
+    sched = after_run(sched, at(60), {"good": GOOD}, cost_s=6.0)  # the clock's run: 6 + 1.2 − 6
+    assert sched.credit(at(60)) == pytest.approx(1.2)
+    # the traffic moved: due by the rules above, but the budget holds 1.2 + 0.02 t of the 6 a run costs
+    blocked = shadow_due(sched, at(100), ["good"], traffic_moved_at=at(90))
+    assert not blocked.due and "max_machine_share = 0.02" in blocked.reason and "04:05:00" in blocked.reason
+    assert sched.budget_allows_at(at(100)) == at(60 + (6.0 - 1.2) / 0.02)
+    assert shadow_due(sched, at(300), ["good"], traffic_moved_at=at(90)).due
+    # it refills to two runs, no more: a long quiet spell buys a burst of two, not of ten
+    assert sched.credit(at(86_400)) == pytest.approx(12.0)
+    # no budget, or runs that cost nothing (a GPU host's replays beside the engine): never binds
+    free = after_run(ShadowSchedule.configured(60.0, None), T0, {"good": GOOD}, cost_s=6.0)
+    assert free.credit(at(1)) is None and shadow_due(free, at(61), ["good"], None).due
+    gpu = after_run(ShadowSchedule.configured(60.0, None, 0.02), T0, {"good": GOOD}, cost_s=0.0)
+    assert shadow_due(gpu, at(61), ["good"], None).due
+    with pytest.raises(ValueError, match="machine_share"):
+        ShadowSchedule.configured(60.0, None, machine_share=1.5)

@@ -297,7 +297,9 @@ def test_shadow_runs_start_one_interval_in_and_their_evidence_lands_when_the_run
     from tuner.sim.shadow import ShadowFeed
     from tuner.store.shadow import latest_shadow_results
 
-    scenario = bench_scenario("lab_phases", shadow={"interval_s": 90, "tokens_per_run": 500, "run_s": 40})
+    # a replay every interval: no backoff (interval_max_s = interval_s), no CPU budget
+    scenario = bench_scenario("lab_phases", shadow={"interval_s": 90, "tokens_per_run": 500, "run_s": 40,
+                                                    "interval_max_s": 90, "max_machine_share": 0.0})
     assert scenario.shadow is not None
     feed = ShadowFeed(scenario, scenario.shadow, SimEngine(scenario), np.random.default_rng(0))
     landed: dict[float, set[Any]] = {}
@@ -319,6 +321,19 @@ def test_shadow_runs_start_one_interval_in_and_their_evidence_lands_when_the_run
             slow.tick(T0 + timedelta(seconds=t), float(t), store)
         store.close()
     assert slow.runs == 2  # at 90 and 270 s: a run takes 150 s, so the firing at 180 s is skipped
+    # within a CPU budget of 2 % of the machine, each run charged cpu_share × run_s = 5.8 machine-s: the
+    # bucket holds two runs (90, 180 s), then refills 5.8 − 1.8 at 0.02 a second: the next at 450 s
+    budget = {"cpu_share": 0.145, "max_machine_share": 0.02}
+    thrifty = ShadowFeed(scenario, scenario.shadow.model_copy(update=budget), SimEngine(scenario),
+                         np.random.default_rng(0))
+    with StoreFactory() as stores:
+        store = stores.new()
+        for t in range(0, 500, 5):
+            thrifty.tick(T0 + timedelta(seconds=t), float(t), store)
+            if t == 445:
+                assert thrifty.runs == 2
+        store.close()
+    assert thrifty.runs == 3
 
 
 def test_live_k_engine_changes_k_without_a_restart_and_restarts_for_another_draft() -> None:
