@@ -202,14 +202,30 @@ def test_kill_9_mid_apply_then_restart_recovers(tmp_path: Path) -> None:
     port = free_port()
     config = tmp_path / "spectuner.toml"
     write_config(config, port, db_url, engine_flags=("--slow-start-k", "8", "--startup-delay-s", "20"))
+    pid_file = tmp_path / "engine.log.pid"
+
+    def engine_group() -> int | None:
+        with contextlib.suppress(OSError, ValueError):
+            return int(pid_file.read_text())
+        return None
+
     proc = start_daemon(config)
     try:
         with Store(db_url) as store:
+            wait_for("the K = 2 engine", lambda: served_k(port) == 2, 90, proc)
+            first = engine_group()
             [applying] = wait_for(
                 "an apply in progress", lambda: store.decisions(status=DecisionStatus.APPLYING), 90, proc
             )
-            wait_for("the K = 8 engine starting", lambda: served_k(port) is None, 30, proc)
-            orphan = int((tmp_path / "engine.log.pid").read_text())
+            # the K = 8 engine's process group, once the daemon has stopped the K = 2 one and written the new
+            # one's pid (between the two the file is gone, or still names the stopping engine: on a loaded
+            # machine a read there found no orphan to test)
+            orphan = wait_for(
+                "the K = 8 engine starting",
+                lambda: served_k(port) is None and (g := engine_group()) not in (None, first) and group_alive(g) and g,
+                30,
+                proc,
+            )
             proc.kill()  # SIGKILL: no cleanup at all
             proc.wait()
             assert group_alive(orphan)  # the engine outlived its daemon
