@@ -305,7 +305,7 @@ def best_table(manifest: Any, alpha: float, k_max: int, max_batch: int, k0_pass:
     step cost — what an operator who knew α and the cost model would pin. ``k0_pass``: the engine's K = 0
     steps still run the draft's pass (not with ``--skip-k0-pass``)."""
     cost, _ = lab_cost_model(manifest)
-    model = StepCostModel(cost["fixed_s"], cost["per_token_s"], cost["draft_fixed_s"], cost["draft_per_seq_s"])
+    model = StepCostModel.from_dict(cost)
     table = k_table(KTableSnapshot(
         now=datetime.now(UTC), acceptance=ConstantAlphaModel(alpha, alpha, alpha),
         step_cost=model.with_draft_pass_at_k0(k0_pass), max_batch_size=max_batch, k_max=k_max,

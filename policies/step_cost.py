@@ -2,12 +2,19 @@
 
 Purely computational. One verify step at batch B with K speculative tokens costs
 
-    T(B, K) = fixed_s + per_token_s·B·(K + 1) + K·(draft_fixed_s + draft_per_seq_s·B)
+    T(B, K) = fixed_s + per_token_s·max(B·(K + 1) − free_tokens, 0) + K·(draft_fixed_s + draft_per_seq_s·B)
 
 The target scores B·(K + 1) tokens in one forward pass (a fixed part plus a per-token part); the draft
-runs K sequential forward passes over B sequences. In an engine that loaded a draft model (draft_model,
-EAGLE, MTP) a step with K = 0 still runs one draft pass: vLLM's proposer runs its first forward over the
-verified tokens to keep the draft's KV cache in sync and only then returns no drafts
+runs K sequential forward passes over B sequences. ``free_tokens`` is the roofline's knee: a pass bound by
+reading the weights costs the same for the first few tokens it scores and only grows once they fill the
+compute (the gpu-like lab's CPU engine: flat ~40 ms up to 4-6 tokens, then ~3.6 ms a token; a GPU's knee
+lies at tens to hundreds of tokens). A straight line through such an engine's steps underprices verifying K
+more tokens once the batch is past the knee — exactly where the choice between K = 2 and K = 0 is made — so
+the fit looks for a knee (:func:`fit_step_cost`); 0 is the straight line.
+
+In an engine that loaded a draft model (draft_model, EAGLE, MTP) a step with K = 0 still runs one draft
+pass: vLLM's proposer runs its first forward over the verified tokens to keep the draft's KV cache in sync
+and only then returns no drafts
 (``vllm/v1/spec_decode/llm_base_proposer.py``, "Dynamic SD decided K=0"). Such a model has
 ``draft_pass_at_k0`` set and counts max(K, 1) draft passes; :meth:`StepCostModel.plain_step_time_s` is
 then the step of an engine without a draft (speculation off), the baseline of every speedup. The
@@ -45,7 +52,7 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-from scipy import optimize
+from scipy import optimize, stats
 
 from policies.speedup import check_cost_ratio
 
@@ -81,6 +88,8 @@ class StepCostModel:
     # > 0: K = 0 steps skip the draft's pass unless a prompt enters (the plugin's skip; the module doc), the
     # requests making this many output tokens on average. Only without ``draft_pass_at_k0``.
     k0_skip_output_tokens: float = 0.0
+    # Tokens a target pass scores at its fixed cost before per_token_s applies (the module doc); 0: linear.
+    free_tokens: float = 0.0
 
     def __post_init__(self) -> None:
         for name in PARAMETER_NAMES:
@@ -93,6 +102,8 @@ class StepCostModel:
             raise ValueError(f"proposal_share must be in (0, 1] but got {self.proposal_share!r}")
         if not (math.isfinite(self.k0_skip_output_tokens) and self.k0_skip_output_tokens >= 0.0):
             raise ValueError(f"k0_skip_output_tokens must be finite and ≥ 0 but got {self.k0_skip_output_tokens!r}")
+        if not (math.isfinite(self.free_tokens) and self.free_tokens >= 0.0):
+            raise ValueError(f"free_tokens must be finite and ≥ 0 but got {self.free_tokens!r}")
 
     @classmethod
     def from_cost_ratio(cls, cost_ratio: float, target_step_s: float = 1.0, per_token_s: float = 0.0) -> StepCostModel:
@@ -121,6 +132,7 @@ class StepCostModel:
             per_token_s=self.per_token_s,
             draft_fixed_s=cost_ratio * self.fixed_s,
             draft_per_seq_s=cost_ratio * self.per_token_s,
+            free_tokens=self.free_tokens,
         )
 
     def with_draft_cost(self, draft_fixed_s: float, draft_per_seq_s: float) -> StepCostModel:
@@ -132,6 +144,7 @@ class StepCostModel:
             per_token_s=self.per_token_s,
             draft_fixed_s=draft_fixed_s,
             draft_per_seq_s=draft_per_seq_s,
+            free_tokens=self.free_tokens,
         )
 
     @property
@@ -191,19 +204,20 @@ class StepCostModel:
         passes = self.draft_passes(k) if k > 0 else self.k0_passes(batch_size)
         return (
             self.fixed_s
-            + self.per_token_s * batch_size * (1.0 + self.proposal_share * k)
+            + self.per_token_s * max(batch_size * (1.0 + self.proposal_share * k) - self.free_tokens, 0.0)
             + passes * (self.draft_fixed_s + self.draft_per_seq_s * batch_size)
         )
 
     def plain_step_time_s(self, batch_size: float) -> float:
         """T(B) of the same target without any draft loaded: speculation off, every speedup's baseline."""
-        return self.fixed_s + self.per_token_s * batch_size
+        return self.fixed_s + self.per_token_s * max(batch_size - self.free_tokens, 0.0)
 
     def design_row(self, batch_size: float, k: int) -> NDArray[np.float64]:
         """The row x with T(B, K) = x · (fixed_s, per_token_s, draft_fixed_s, draft_per_seq_s) in this
         engine (what a fit's covariance is read along); K = 0 here is a step of this engine at K = 0."""
         passes = self.draft_passes(k) if k > 0 else self.k0_passes(batch_size)
-        return np.array([1.0, batch_size * (1.0 + self.proposal_share * k), passes, passes * batch_size])
+        scored = max(batch_size * (1.0 + self.proposal_share * k) - self.free_tokens, 0.0)
+        return np.array([1.0, scored, passes, passes * batch_size])
 
     def step_time_interval_s(self, batch_size: float, k: int, confidence: float = 0.95) -> tuple[float, float]:
         """Interval for the mean step time T(B, K) from the fit's covariance (a point without one)."""
@@ -217,13 +231,16 @@ class StepCostModel:
 
     def cost_ratio(self, batch_size: float = 1.0) -> float:
         """c(B): one draft forward pass over one target forward pass (one token per sequence)."""
-        return (self.draft_fixed_s + self.draft_per_seq_s * batch_size) / (self.fixed_s + self.per_token_s * batch_size)
+        return (self.draft_fixed_s + self.draft_per_seq_s * batch_size) / StepCostModel.plain_step_time_s(
+            self, batch_size
+        )
 
     def to_dict(self) -> dict[str, Any]:
         # proposal_share only where it is not 1: a draft model's dict stays as it always was
         share = {"proposal_share": self.proposal_share} if self.proposal_share < 1.0 else {}
         lookup = {"lookup_proposer": True} if self.lookup_proposer else {}
         skip = {"k0_skip_output_tokens": self.k0_skip_output_tokens} if self.k0_skip_output_tokens > 0.0 else {}
+        knee = {"free_tokens": self.free_tokens} if self.free_tokens > 0.0 else {}
         return {
             "fixed_s": self.fixed_s,
             "per_token_s": self.per_token_s,
@@ -236,6 +253,7 @@ class StepCostModel:
             **share,
             **lookup,
             **skip,
+            **knee,
         }
 
     @classmethod
@@ -267,6 +285,9 @@ class StepCostModel:
         skip = data.get("k0_skip_output_tokens", 0.0)
         if isinstance(skip, bool) or not isinstance(skip, int | float):
             raise ValueError(f"k0_skip_output_tokens must be a number ≥ 0 but got {skip!r}")
+        free = data.get("free_tokens", 0.0)
+        if isinstance(free, bool) or not isinstance(free, int | float):
+            raise ValueError(f"free_tokens must be a number ≥ 0 but got {free!r}")
         return cls(
             **values,
             covariance=covariance,
@@ -276,6 +297,7 @@ class StepCostModel:
             proposal_share=float(share),
             lookup_proposer=lookup,
             k0_skip_output_tokens=float(skip),
+            free_tokens=float(free),
         )
 
 
@@ -301,13 +323,17 @@ class StepCostFit:
 
 
 def design_matrix(
-    batch_size: NDArray[np.float64], k: NDArray[np.float64], draft_pass_at_k0: ArrayLike = False
+    batch_size: NDArray[np.float64],
+    k: NDArray[np.float64],
+    draft_pass_at_k0: ArrayLike = False,
+    free_tokens: float = 0.0,
 ) -> NDArray[np.float64]:
-    """Rows [1, B·(K+1), D, D·B]: T(B, K) = row · (fixed_s, per_token_s, draft_fixed_s, draft_per_seq_s),
-    with D = K draft passes, or at K = 0 ``draft_pass_at_k0`` passes (per row, or one for all: True is one
-    pass; a share in [0, 1] is the average of an engine that skips it in some steps)."""
+    """Rows [1, max(B·(K+1) − free_tokens, 0), D, D·B]: T(B, K) = row · (fixed_s, per_token_s, draft_fixed_s,
+    draft_per_seq_s), with D = K draft passes, or at K = 0 ``draft_pass_at_k0`` passes (per row, or one for
+    all: True is one pass; a share in [0, 1] is the average of an engine that skips it in some steps)."""
     d = np.where(k == 0, np.asarray(draft_pass_at_k0, dtype=float), k)
-    return np.column_stack([np.ones_like(batch_size), batch_size * (k + 1.0), d, d * batch_size])
+    scored = np.maximum(batch_size * (k + 1.0) - free_tokens, 0.0)
+    return np.column_stack([np.ones_like(batch_size), scored, d, d * batch_size])
 
 
 def fit_step_cost(
@@ -318,6 +344,7 @@ def fit_step_cost(
     confidence: float = 0.95,
     draft_cost_ratio: float | None = None,
     draft_pass_at_k0: ArrayLike = False,
+    find_knee: bool = True,
 ) -> StepCostFit:
     """Fit T(B, K) by bounded least squares. Purely computational.
 
@@ -330,6 +357,10 @@ def fit_step_cost(
     message); with one K the draft cost cannot be told from the target's, so no model is returned —
     run the calibration sweep (K = 0 and K = K_max) — unless ``draft_cost_ratio`` c is given: the draft's
     pass is then taken as c × the target's (Leviathan) and only the target's two parameters are fitted.
+
+    The knee ``free_tokens`` is profiled (:func:`_knee`): a fit for each knee, the best kept when it beats
+    the straight line significantly (an F-test at 5 %, over the observations). Its covariance
+    is the other four parameters' at that knee. ``find_knee=False`` fits the straight line.
     """
     b = np.asarray(batch_size, dtype=float).ravel()
     kk = np.asarray(k, dtype=float).ravel()
@@ -379,11 +410,14 @@ def fit_step_cost(
         x[:, 1] = 0.0
         x[:, 3] = 0.0
     sw = np.sqrt(w)
+    # the knee is judged on relative residuals: step times scatter in proportion to their length, and the
+    # knee lives where steps are shortest (absolute residuals are the 64-stream steps' alone)
+    free = _knee(b * (kk + 1.0), x, y, sw / y) if batch_varied and find_knee else 0.0
+    if free > 0.0:
+        x = x.copy()
+        x[:, 1] = np.maximum(b * (kk + 1.0) - free, 0.0)
     xw, yw = x * sw[:, None], y * sw
-    scale = max(float(np.abs(y).max()), 1e-12)
-    # every parameter is ≥ 0: non-negative least squares is exact here and fast (refitted every few minutes)
-    sol_x, _ = optimize.nnls(xw / scale, yw / scale)
-    theta = np.maximum(sol_x, 0.0)
+    theta = _nnls(xw, yw)
     if not batch_varied:
         theta[1] = theta[3] = 0.0
     if theta[0] + theta[1] <= 0.0:
@@ -404,13 +438,15 @@ def fit_step_cost(
         covariance=tuple(tuple(float(v) for v in row) for row in cov),
         residual_std_s=math.sqrt(sigma2 / float(np.mean(w))),
         per_token_assumed=not batch_varied,
+        free_tokens=free,
     )
     c = model.cost_ratio(1.0)
     c_ci = _cost_ratio_interval(model, cov, confidence)
     if batch_varied:
+        knee = f", flat up to {free:.1f} scored tokens a pass" if free > 0.0 else ""
         reason, message = (
             StepCostReason.OK,
-            f"T(B, K) fitted from {n} observations; cost ratio c = {c:.3f} at batch 1.",
+            f"T(B, K) fitted from {n} observations{knee}; cost ratio c = {c:.3f} at batch 1.",
         )
     else:
         reason, message = (
@@ -421,13 +457,64 @@ def fit_step_cost(
     if draft_cost_ratio is not None and c_ci[1] - c_ci[0] > max(c, 1e-9):
         # K and B varied together (K follows the load), so the draft's cost is confounded with the
         # target's per-token cost: the given c is the better guess than a c known only to ±50%
-        fixed = _fit_fixed_ratio(b, kk, y, w, n, float(draft_cost_ratio), passes)
+        fixed = _fit_fixed_ratio(b, kk, y, w, n, float(draft_cost_ratio), passes, free_tokens=free)
         return replace(
             fixed,
             message=f"{fixed.message} (the full fit's c = {c:.3f}, interval {c_ci[0]:.3f}–{c_ci[1]:.3f}, was too "
             "loose to use)",
         )
     return StepCostFit(model, reason, message, n, c, c_ci)
+
+
+def _nnls(xw: NDArray[np.float64], yw: NDArray[np.float64]) -> NDArray[np.float64]:
+    """Weighted least squares with every parameter ≥ 0: non-negative least squares is exact here and fast
+    (refitted every few minutes); scaled so that seconds and milliseconds fit alike."""
+    scale = max(float(np.abs(yw).max()), 1e-12)
+    sol, _ = optimize.nnls(xw / scale, yw / scale)
+    return np.maximum(sol, 0.0)
+
+
+def _knee(
+    scored: NDArray[np.float64], x: NDArray[np.float64], y: NDArray[np.float64], sw: NDArray[np.float64]
+) -> float:
+    """The ``free_tokens`` of the best fit, or 0 (a straight line) when a knee does not earn its parameter.
+
+    The residual sum of squares is profiled over knees at and between the distinct token counts scored
+    (``scored`` = B·(K + 1)) and refined around the best; a knee needs two counts below it (one alone is
+    the line with another intercept, or a free intercept for that count) and two above (the slope). It is
+    kept when it explains significantly more than the line: F = (RSS_line − RSS_knee) / (RSS_knee / (n − 5))
+    above its 95th percentile on (1, n − 5) degrees of freedom, n the observations (the groups, however
+    many steps each holds: a refit from a few groups must not bend the line to fit one of them). ``sw``: the
+    square roots of the observations' weights."""
+    levels = np.unique(scored)
+    n = y.size
+    if levels.size < 4 or n <= 5:
+        return 0.0
+
+    def rss(free: float) -> float:
+        xf = x.copy()
+        xf[:, 1] = np.maximum(scored - free, 0.0)
+        xw = xf * sw[:, None]
+        r = y * sw - xw @ _nnls(xw, y * sw)
+        return float(r @ r)
+
+    line = rss(0.0)
+    if line <= 1e-12 * float((y * sw) @ (y * sw)):
+        return 0.0  # the straight line is exact: nothing for a knee to explain
+    low, top = float(levels[1]), float(levels[-2])
+    mids = (levels[:-1] + levels[1:]) / 2
+    grid = sorted({float(v) for v in np.concatenate([levels, mids]) if low < v < top})
+    if not grid:
+        return 0.0
+    errors = [rss(f) for f in grid]
+    i = int(np.argmin(errors))
+    lo, hi = (grid[i - 1] if i > 0 else low), (grid[i + 1] if i + 1 < len(grid) else top)
+    best = optimize.minimize_scalar(rss, bounds=(lo, hi), method="bounded", options={"xatol": 1e-3})
+    free, err = (float(best.x), float(best.fun)) if best.fun < errors[i] else (grid[i], errors[i])
+    if err <= 0.0:
+        return free
+    f_ratio = (line - err) / (err / (n - 5))
+    return free if f_ratio > stats.f.ppf(0.95, 1, n - 5) else 0.0
 
 
 def fit_target_cost(
@@ -472,16 +559,18 @@ def _fit_fixed_ratio(
     c: float,
     passes: NDArray[np.float64],
     row_c: NDArray[np.float64] | None = None,
+    free_tokens: float = 0.0,
 ) -> StepCostFit:
-    """T(B, K) = fixed_s·(1 + D·c) + per_token_s·B·(K + 1 + D·c) with D draft passes (K, or 1 at a
-    loaded K = 0): the draft's part is c × the target's.
+    """T(B, K) = fixed_s·(1 + D·c) + per_token_s·(max(B·(K + 1) − free_tokens, 0) + D·c·B) with D draft
+    passes (K, or 1 at a loaded K = 0): the draft's part is c × the target's (a draft's pass is taken as
+    linear in B, whatever the target's knee).
 
     At one batch size B₀ the per-token cost is still identified when D varies: the slope in D is
     c·T(B₀, 0) + per_token_s·B₀, so given c it measures per_token_s (verifying K more tokens per
     sequence is not free at B₀ = 16). Without it the model is Leviathan's there and over-speculates."""
     check_cost_ratio(c)
     cs = np.full_like(y, c) if row_c is None else row_c
-    x = np.column_stack([1.0 + passes * cs, b * (kk + 1.0 + passes * cs)])
+    x = np.column_stack([1.0 + passes * cs, np.maximum(b * (kk + 1.0) - free_tokens, 0.0) + b * passes * cs])
     per_token_seen = bool(np.linalg.matrix_rank(x / np.abs(x).max(axis=0).clip(min=1e-300)) >= 2)
     if not per_token_seen:
         x[:, 1] = 0.0
@@ -510,6 +599,7 @@ def _fit_fixed_ratio(
         covariance=tuple(tuple(float(v) for v in row) for row in cov),
         residual_std_s=math.sqrt(sigma2 / float(np.mean(w))),
         per_token_assumed=not per_token_seen,
+        free_tokens=free_tokens if per_token_seen else 0.0,
     )
     where = (
         ""
@@ -563,7 +653,7 @@ def step_times_table(model: StepCostModel, batch_sizes: Sequence[int], k_max: in
         return np.array([[model.step_time_s(b, k) for k in range(k_max + 1)] for b in batch_sizes], float)
     bb, kk = np.meshgrid(np.asarray(batch_sizes, float), np.arange(k_max + 1, dtype=float), indexing="ij")
     k0 = model.k0_passes_array(bb.ravel())
-    return (design_matrix(bb.ravel(), kk.ravel(), k0) @ model.parameters).reshape(bb.shape)
+    return (design_matrix(bb.ravel(), kk.ravel(), k0, model.free_tokens) @ model.parameters).reshape(bb.shape)
 
 
 # Batch-size bands of measured cells: geometric, 25 % wide (policies.choose_k.load_bins uses the same width),
@@ -637,6 +727,7 @@ class MeasuredStepCost(StepCostModel):
             self.proposal_share,
             self.lookup_proposer,
             self.k0_skip_output_tokens,
+            self.free_tokens,
         )
 
     def step_time_s(self, batch_size: float, k: int) -> float:
@@ -695,7 +786,7 @@ def with_measured_cells(
     keep = np.isfinite(b) & np.isfinite(kk) & np.isfinite(t) & np.isfinite(n) & (b >= 1) & (kk >= 0) & (t > 0) & (n > 0)
     b, kk, t, n = b[keep], np.round(kk[keep]), t[keep], n[keep]
     # the linear model's T(B, K), also under a MeasuredStepCost (whose cells are replaced)
-    predicted = design_matrix(b, kk, model.k0_passes_array(b)) @ model.parameters
+    predicted = design_matrix(b, kk, model.k0_passes_array(b), model.free_tokens) @ model.parameters
     totals: dict[tuple[int, int], list[float]] = {}
     for bi, ki, ti, ni, pi in zip(b, kk, t, n, predicted, strict=True):
         acc = totals.setdefault((batch_cell(float(bi)), int(ki)), [0.0, 0.0, 0.0, 0.0])  # Σ n·t, Σ n·T, Σ n, Σ n·B
@@ -725,6 +816,7 @@ def with_measured_cells(
         draft_pass_at_k0=model.draft_pass_at_k0,
         per_token_assumed=model.per_token_assumed,
         k0_skip_output_tokens=model.k0_skip_output_tokens,
+        free_tokens=model.free_tokens,
         cells=cells,
         scale=float(drafting if drafting is not None else overall),
         scale_no_draft=float(plain_steps if plain_steps is not None else overall),

@@ -301,13 +301,19 @@ class SpeculativeSection(_Section):
 
 
 class StepCostSection(_Section):
-    """A measured step-time model T(B, K) = fixed_s + per_token_s·B·(K+1) + K·(draft_fixed_s +
-    draft_per_seq_s·B), in seconds (see docs/policies.md). Replaces ``cost_ratio`` when given."""
+    """A measured step-time model T(B, K) = fixed_s + per_token_s·max(B·(K+1) − free_tokens, 0) + K·(draft_fixed_s
+    + draft_per_seq_s·B), in seconds (see docs/policies.md). Replaces ``cost_ratio`` when given."""
 
     fixed_s: float = Field(gt=0, description="target forward pass, fixed part (s)")
     per_token_s: float = Field(default=0.0, ge=0, description="target cost per scored token (s)")
     draft_fixed_s: float = Field(default=0.0, ge=0, description="one draft pass, fixed part (s)")
     draft_per_seq_s: float = Field(default=0.0, ge=0, description="one draft pass, per running sequence (s)")
+    free_tokens: float = Field(
+        default=0.0,
+        ge=0,
+        description="tokens a target pass scores at its fixed cost before per_token_s applies (the roofline's "
+        "knee: memory-bound below, compute-bound above; 0: linear throughout)",
+    )
 
 
 class PolicySection(_Section):

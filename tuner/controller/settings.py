@@ -100,7 +100,11 @@ class PolicySettings:
     def pinned_step_cost(self) -> StepCostModel | None:
         """``[policy.step_cost]``: an operator's measured T(B, K), which wins over a fit."""
         sc = self.policy.step_cost
-        return None if sc is None else StepCostModel(sc.fixed_s, sc.per_token_s, sc.draft_fixed_s, sc.draft_per_seq_s)
+        if sc is None:
+            return None
+        return StepCostModel(
+            sc.fixed_s, sc.per_token_s, sc.draft_fixed_s, sc.draft_per_seq_s, free_tokens=sc.free_tokens
+        )
 
 
 @dataclass(frozen=True)

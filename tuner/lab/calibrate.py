@@ -185,9 +185,10 @@ def fitted_step_cost(
     if fit.model is None:
         return {"model": None, "reason": str(fit.reason), "message": fit.message}
     m = fit.model
+    knee = {"free_tokens": round(m.free_tokens, 3)} if m.free_tokens > 0 else {}
     return {
-        "model": {name: round(float(getattr(m, name)), 7)
-                  for name in ("fixed_s", "per_token_s", "draft_fixed_s", "draft_per_seq_s")},
+        "model": {**{name: round(float(getattr(m, name)), 7)
+                     for name in ("fixed_s", "per_token_s", "draft_fixed_s", "draft_per_seq_s")}, **knee},
         "reason": str(fit.reason),
         "message": fit.message,
     }
@@ -218,7 +219,8 @@ def fitted_lookup_pass(rows: dict[str, dict[str, float]], target: dict[str, floa
             continue
         step_s = r["seconds"] * b / seq_steps
         scored = b * (1.0 + r["num_draft_tokens"] / seq_steps)
-        points.append((b, step_s - target["fixed_s"] - target["per_token_s"] * scored))
+        beyond_knee = max(scored - float(target.get("free_tokens", 0.0)), 0.0)
+        points.append((b, step_s - target["fixed_s"] - target["per_token_s"] * beyond_knee))
         shares[str(int(b))] = round(r["num_drafts"] / seq_steps, 4)
         drafts += r["num_drafts"]
         seq_steps_total += seq_steps

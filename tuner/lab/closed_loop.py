@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from policies.step_cost import StepCostModel
 from tuner.lab.apply_load import side_by_side_cpu_env
 from tuner.lab.models import Manifest
 from tuner.lab.serve import NGRAM_LOOKUP, LabServer
@@ -33,14 +34,16 @@ LAB_STEP_COST: dict[str, float] = {
 }
 LAB_DRAFT_COST_RATIO = 0.8
 # The gpu-like lab (docs/lab.md), fitted by `spectuner lab calibrate` on the 2-core machine from tokens/s
-# without speculation and with good/K = 3 at 1-64 streams: the target's pass grows 2.7 ms per token
-# scored, a draft step costs ~0.26 of a target step at batch 1 (drafting's own engine overhead
-# included). A lab with its own calibration in manifest.json uses that instead.
+# without speculation and with good/K = 3 at 1-64 streams (7 Dec 2026): the target's pass is flat at
+# 39.5 ms up to 5.5 tokens scored, then grows 3.7 ms a token (plain decoding: 43 ms at 1 and 39 ms at 4
+# streams, 77 ms at 16, 258 ms at 64); a draft step costs ~0.15 of a target step at batch 1 (drafting's
+# own engine overhead included). A lab with its own calibration in manifest.json uses that instead.
 GPU_LIKE_STEP_COST: dict[str, float] = {
-    "fixed_s": 0.0402987,
-    "per_token_s": 0.0026681,
-    "draft_fixed_s": 0.0104743,
-    "draft_per_seq_s": 0.0006447,
+    "fixed_s": 0.0394937,
+    "per_token_s": 0.0037059,
+    "draft_fixed_s": 0.0051688,
+    "draft_per_seq_s": 0.0008634,
+    "free_tokens": 5.524,
 }
 # The gpu-like lab's ngram (2-5-gram lookup) pass beyond the target's, fitted by `spectuner lab calibrate`
 # on the 2-core machine, 6 Dec 2026 (ngram/K = 3 at 1-64 streams): no cost the linear target model can
@@ -96,7 +99,7 @@ def lab_cost_model(manifest: Manifest) -> tuple[dict[str, float], float]:
         if manifest.recipe.get("name") != "gpu-like":
             return dict(LAB_STEP_COST), LAB_DRAFT_COST_RATIO
         model = GPU_LIKE_STEP_COST
-    c = (model["draft_fixed_s"] + model["draft_per_seq_s"]) / (model["fixed_s"] + model["per_token_s"])
+    c = StepCostModel.from_dict(dict(model)).cost_ratio(1.0)
     return dict(model), round(c, 3)
 
 

@@ -24,7 +24,7 @@ sees the same world; only the acceptance draws depend on the run.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -84,8 +84,10 @@ class SimEngine:
         self.scenario = scenario
         self.drafts = {d.name: d for d in scenario.drafts}
         e = scenario.engine
-        self.cost = {d.name: _draft_cost(d, e.target_step_s, e.per_token_s) for d in scenario.drafts}
-        self.target_cost = StepCostModel.from_cost_ratio(0.0, e.target_step_s, e.per_token_s)
+        self.cost = {d.name: _draft_cost(d, e.target_step_s, e.per_token_s, e.free_tokens) for d in scenario.drafts}
+        self.target_cost = replace(
+            StepCostModel.from_cost_ratio(0.0, e.target_step_s, e.per_token_s), free_tokens=e.free_tokens
+        )
         slot = scenario.controller.collect_interval_s
         n_slots = math.ceil(scenario.duration_s / slot) + 2
         self._slot_s = slot
@@ -422,14 +424,14 @@ def _usage(x: float) -> float | None:
     return None if math.isnan(x) else float(x)
 
 
-def _draft_cost(d: DraftSection, target_step_s: float, per_token_s: float) -> StepCostModel:
-    """T(B, K) with this draft: the fitted draft costs when given, else c × the target's pass."""
+def _draft_cost(d: DraftSection, target_step_s: float, per_token_s: float, free_tokens: float) -> StepCostModel:
+    """T(B, K) with this draft: the fitted draft costs when given, else c × the target's pass (at batch 1:
+    a ratio of the target's pass at B taken linear in B, as ``from_cost_ratio``)."""
     base = StepCostModel.from_cost_ratio(d.cost_ratio, target_step_s, per_token_s)
-    if d.draft_fixed_s is None and d.draft_per_seq_s is None:
-        return base
     return StepCostModel(
         fixed_s=target_step_s,
         per_token_s=per_token_s,
         draft_fixed_s=base.draft_fixed_s if d.draft_fixed_s is None else d.draft_fixed_s,
         draft_per_seq_s=base.draft_per_seq_s if d.draft_per_seq_s is None else d.draft_per_seq_s,
+        free_tokens=free_tokens,
     )

@@ -42,7 +42,7 @@ from policies.memory import FREE_METHODS
 from policies.spec_config import SpecConfig
 from policies.step_cost import StepCostModel
 from tuner.actuators.base import ApplyStatus
-from tuner.config import ConfigError, SpectunerConfig, StepCostSection, parse_config
+from tuner.config import ConfigError, PolicySection, SpectunerConfig, StepCostSection, parse_config
 from tuner.controller.audit import TickResult
 from tuner.controller.context import DecisionContext, measure
 from tuner.controller.controller import Controller, Policy
@@ -178,6 +178,7 @@ class ControllerDriver(_Driver):
             per_token_s=model.per_token_s,
             draft_fixed_s=model.draft_fixed_s,
             draft_per_seq_s=model.draft_per_seq_s,
+            free_tokens=model.free_tokens,
         )
         policy = replace(s.policy, policy=s.policy.policy.model_copy(update={"step_cost": section}))
         self.controller.settings = replace(s, policy=policy)
@@ -443,6 +444,11 @@ def daemon_config(scenario: Scenario, engine: SimEngine, *, step_cost: bool = Fa
             _candidate(engine, d.name) for d in scenario.drafts if c.candidates is None or d.name in c.candidates
         ],
     }
+    # The plugin ships every step; the simulator one sampled step per collect window (``_step``). A measured
+    # step-cost cell needs as much decode time here as live: its minimum in windows, not in steps.
+    steps_per_window = max(c.collect_interval_s / e.target_step_s, 1.0)
+    min_steps = PolicySection.model_fields["step_cost_cell_min_steps"].default
+    data["policy"]["step_cost_cell_min_steps"] = max(1, math.ceil(min_steps / steps_per_window))
     if e.skip_draft_pass_at_k0:
         data["plugin"] = {
             "skip_draft_pass_at_k0": True,
@@ -459,6 +465,7 @@ def daemon_config(scenario: Scenario, engine: SimEngine, *, step_cost: bool = Fa
             "per_token_s": m.per_token_s,
             "draft_fixed_s": m.draft_fixed_s,
             "draft_per_seq_s": m.draft_per_seq_s,
+            "free_tokens": m.free_tokens,
         }
     _merge(data, c.daemon)
     try:

@@ -27,7 +27,7 @@ def test_sections_are_passed_through_and_the_policies_inputs_derived() -> None:
         controller={"mode": "auto", "verify_window_s": 120},
         actuator={"kind": "restart", "restart": {"argv": ["vllm", "serve", "/m"]}},
         guardrails={"min_drafts": 1000, "maintenance_windows": [{"start": "02:00", "end": "04:00", "days": [0]}]},
-        policy={"k_max": 6, "confidence": 0.9, "step_cost": {"fixed_s": 0.02, "per_token_s": 0.001}},
+        policy={"k_max": 6, "confidence": 0.9, "step_cost": {"fixed_s": 0.02, "per_token_s": 0.001, "free_tokens": 8}},
         memory={"budget_bytes": 10**9, "tokens_per_seq": 4096, "target_kv_bytes_per_token": 131072},
         swap={"threshold": 0.35, "duration_s": 300, "statistic": "draft_acceptance_rate", "history_s": 3600},
     )
@@ -42,7 +42,7 @@ def test_sections_are_passed_through_and_the_policies_inputs_derived() -> None:
     assert trigger is not None and trigger.threshold == 0.35 and trigger.duration_s == 300
     assert trigger.statistic is TriggerStatistic.DRAFT_ACCEPTANCE_RATE
     assert trigger.confidence == 0.9  # the policy's confidence, one setting for every interval
-    assert s.policy.pinned_step_cost == StepCostModel(0.02, 0.001, 0.0, 0.0)
+    assert s.policy.pinned_step_cost == StepCostModel(0.02, 0.001, 0.0, 0.0, free_tokens=8.0)
 
 
 def test_defaults_mean_advisory_no_budget_no_pinned_model_and_swap_off_when_disabled() -> None:

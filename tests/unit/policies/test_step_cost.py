@@ -404,3 +404,79 @@ def test_a_lookup_drafts_in_one_pass_and_verifies_only_the_share_of_steps_it_dra
     for bad in (0.0, 1.5, float("nan")):
         with pytest.raises(ValueError, match="proposal_share"):
             replace(model, proposal_share=bad)
+
+
+# An engine whose target pass is flat until it scores 6 tokens, then grows 3.6 ms a token (the roofline's
+# knee; the gpu-like lab's CPU engine measured ~40 ms flat up to 4-6 tokens).
+KNEE = StepCostModel(0.045, 0.0036, 0.0078, 0.00105, free_tokens=6.0)
+
+
+def _sweep(rng: np.random.Generator, truth: StepCostModel, noise: float = 0.03):
+    """A calibration sweep: every K = 0..5 at 1-64 streams, four visits each, ±3 % step noise."""
+    grid = [(b, k) for b in (1, 2, 4, 8, 16, 32, 64) for k in range(6)] * 4
+    b = np.array([g[0] for g in grid], float)
+    k = np.array([g[1] for g in grid], float)
+    y = np.array([truth.step_time_s(bb, int(kk)) for bb, kk in grid]) * (1 + noise * rng.standard_normal(len(grid)))
+    return b, k, y
+
+
+def _table_ks(model: StepCostModel, alpha: float) -> np.ndarray:
+    table = k_table(KTableSnapshot(now=NOW, acceptance=ConstantAlphaModel(alpha, alpha, alpha), step_cost=model,
+                                   max_batch_size=64, k_max=5))
+    return np.array([k for lo, hi, k in table.as_vllm() for _ in range(lo, hi + 1)])
+
+
+def _goodput(truth: StepCostModel, alpha: float, b: int, k: int) -> float:
+    return b * (1 - alpha ** (k + 1)) / (1 - alpha) / truth.step_time_s(b, k)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_fit_finds_the_rooflines_knee_and_its_table_loses_less_than_the_straight_lines(seed: int) -> None:
+    b, k, y = _sweep(np.random.default_rng(seed), KNEE)
+    fit = fit_step_cost(b, k, y)
+    line = fit_step_cost(b, k, y, find_knee=False)
+    assert fit.model is not None and line.model is not None
+    assert fit.model.free_tokens == pytest.approx(6.0, abs=1.0)
+    assert "flat up to" in fit.message and line.model.free_tokens == 0.0
+    assert fit.model.step_time_s(4, 0) == pytest.approx(KNEE.step_time_s(4, 0), rel=0.05)  # flat below the knee
+
+    def worst(model: StepCostModel) -> float:  # the worst batch's goodput under the truth, ÷ its best K's
+        ks = _table_ks(model, 0.95)
+        return min(_goodput(KNEE, 0.95, bb, int(ks[bb - 1])) / max(_goodput(KNEE, 0.95, bb, kk) for kk in range(6))
+                   for bb in range(1, 65))
+
+    assert worst(fit.model) >= 0.97
+    assert worst(fit.model) > worst(line.model)
+
+
+def test_a_straight_engine_gets_no_knee_and_an_exact_one_needs_none() -> None:
+    for seed in range(3):  # noise alone does not buy a knee: it must pay for its parameter
+        b, k, y = _sweep(np.random.default_rng(seed), StepCostModel(0.012, 0.0004, 0.0015, 0.00005))
+        fit = fit_step_cost(b, k, y)
+        assert fit.model is not None and fit.model.free_tokens == 0.0 and "flat up to" not in fit.message
+    b, k, y = _sweep(np.random.default_rng(0), LAB, noise=0.0)
+    exact = fit_step_cost(b, k, y)
+    assert exact.model is not None and exact.model.free_tokens == 0.0
+    assert exact.model.parameters == pytest.approx(LAB.parameters, rel=1e-6)
+
+
+def test_the_knee_round_trips_and_shapes_every_prediction() -> None:
+    assert StepCostModel.from_dict(KNEE.to_dict()) == KNEE
+    assert "free_tokens" not in LAB.to_dict()  # a straight model's dict is as it always was
+    with pytest.raises(ValueError, match="free_tokens"):
+        StepCostModel(0.045, 0.0036, 0.0, 0.0, free_tokens=-1.0)
+    with pytest.raises(ValueError, match="free_tokens"):
+        StepCostModel.from_dict({**KNEE.to_dict(), "free_tokens": "six"})
+    # below the knee a pass costs its fixed part; past it per token; the draft's pass is linear in B
+    assert KNEE.plain_step_time_s(4) == pytest.approx(0.045)
+    assert KNEE.plain_step_time_s(16) == pytest.approx(0.045 + 0.0036 * 10)
+    assert KNEE.step_time_s(2, 2) == pytest.approx(0.045 + 2 * (0.0078 + 0.00105 * 2))
+    assert KNEE.cost_ratio(1) == pytest.approx((0.0078 + 0.00105) / 0.045)
+    table = step_times_table(KNEE, [1, 4, 16], 3)
+    assert table == pytest.approx(np.array([[KNEE.step_time_s(bb, kk) for kk in range(4)] for bb in (1, 4, 16)]))
+    assert KNEE.design_row(16, 1) @ KNEE.parameters == pytest.approx(KNEE.step_time_s(16, 1))
+    # a draft swapped in keeps the target's knee; measured cells keep it too
+    assert KNEE.with_draft_ratio(0.1).free_tokens == 6.0 and KNEE.with_draft_cost(0.001, 0.0).free_tokens == 6.0
+    measured = with_measured_cells(KNEE, [16.0], [1], [KNEE.step_time_s(16, 1) * 1.2], [100], 50)
+    assert measured.free_tokens == 6.0 and measured.linear().free_tokens == 6.0
+    assert measured.step_time_s(16, 1) == pytest.approx(KNEE.step_time_s(16, 1) * 1.2)

@@ -93,6 +93,23 @@ def test_the_fitted_step_cost_reproduces_the_measured_throughput() -> None:
     assert fitted["reason"] == "ok"
     for name, value in true.items():
         assert fitted["model"][name] == pytest.approx(value, rel=1e-3), name
+    assert "free_tokens" not in fitted["model"]  # a straight engine's model has no knee
+
+
+def test_the_fitted_step_cost_finds_the_knee_of_an_engine_flat_at_few_tokens() -> None:
+    # the 7 Dec calibration of the gpu-like lab, as rows: plain decoding 43 ms at 1 stream and 39 ms at 4
+    # (flat), 77 ms at 16; a straight line through them read a 28 ms pass and a 0.13 cost ratio
+    off = {"1": 23.4, "4": 103.54, "16": 208.65, "32": 236.41, "64": 248.34}
+    spec = {"1": 67.61, "4": 134.49, "16": 164.1, "32": 184.4, "64": 188.9}
+    rows: dict[str, dict[str, float | None]] = {n: {"off": off[n], "good/K=3": spec[n]} for n in off}
+    fitted = fitted_step_cost(rows, "good/K=3", 3, 3.386)
+    model = fitted["model"]
+    assert 3.0 < model["free_tokens"] < 7.0 and "flat up to" in fitted["message"]
+    assert model == GPU_LIKE_STEP_COST  # the recipe's figures are this calibration
+    for n, tok_s in off.items():  # plain decoding's step back within 15 % (1 stream read slower than 4)
+        b = float(n)
+        predicted = model["fixed_s"] + model["per_token_s"] * max(b - model["free_tokens"], 0.0)
+        assert b / tok_s == pytest.approx(predicted, rel=0.15), n
 
 
 def test_no_step_cost_without_a_speculating_row() -> None:
@@ -107,14 +124,16 @@ def _lookup_rows(
 ) -> dict[str, dict[str, float]]:
     """What the worker records at each stream count for a lookup whose pass and share are known: n
     requests of 64 tokens, drafting at ``share`` of their sequence steps, timed with T(B, K) built
-    independently (one pass a step; the target scores the sequence's token plus the drafted ones)."""
+    independently (one pass a step; the target scores the sequence's token plus the drafted ones, those past
+    its knee at the per-token cost)."""
     rows: dict[str, dict[str, float]] = {}
     for n in (1, 4, 16, 64):
         tokens = 64.0 * n
         seq_steps = tokens / (1 + share * accepted_per_draft)  # each drafting step adds its accepted tokens
         drafts = share * seq_steps
         batch_steps = seq_steps / n
-        step_s = target["fixed_s"] + target["per_token_s"] * n * (1 + share * k) + fixed_s + per_seq_s * n
+        scored = max(n * (1 + share * k) - target.get("free_tokens", 0.0), 0.0)  # past the target's knee
+        step_s = target["fixed_s"] + target["per_token_s"] * scored + fixed_s + per_seq_s * n
         rows[str(n)] = {"seconds": batch_steps * step_s, "tokens": tokens, "num_drafts": drafts,
                         "num_draft_tokens": drafts * k, "num_accepted_tokens": drafts * accepted_per_draft}
     return rows
@@ -165,3 +184,7 @@ def test_the_controller_gets_the_labs_own_calibration_else_its_recipes_figures()
     own = {"fixed_s": 0.05, "per_token_s": 0.003, "draft_fixed_s": 0.005, "draft_per_seq_s": 0.0003}
     model, c = lab_cost_model(_manifest("gpu-like", {"step_cost": {"model": own}}))
     assert model == own and c == pytest.approx(0.0053 / 0.053, abs=1e-3)
+    # with a knee the target's pass at batch 1 is its flat part alone
+    knee = {**own, "free_tokens": 4.0}
+    model, c = lab_cost_model(_manifest("gpu-like", {"step_cost": {"model": knee}}))
+    assert model == knee and c == pytest.approx(0.0053 / 0.05, abs=1e-3)

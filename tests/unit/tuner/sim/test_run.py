@@ -373,6 +373,10 @@ def _first_change_s(scenario: Scenario) -> float | None:
     return run.timeline[1][0] if len(run.timeline) > 1 else None
 
 
+LINEAR_LAB_STEP_COST = {"fixed_s": 0.0402987, "per_token_s": 0.0026681, "draft_fixed_s": 0.0104743,
+                        "draft_per_seq_s": 0.0006447}
+
+
 def test_a_live_table_change_takes_a_smaller_sure_gain_than_a_restart() -> None:
     """lab_phases' first phase (one stream, medium/K=3; the plugin takes a table live): the table that
     raises K at one stream is predicted ~+5 %; its 95 % interval (opposite ends of the two tables' intervals,
@@ -382,10 +386,29 @@ def test_a_live_table_change_takes_a_smaller_sure_gain_than_a_restart() -> None:
     with its streak counted on the K where the load runs (the table's rows at unvisited batch sizes move tick
     to tick)."""
     phase = {"phases": [{"name": "c=1", "duration_s": 900, "concurrency": 1}]}
+    controller = tomllib.loads((SCENARIOS / "lab_phases.toml").read_text())["controller"]
+    rails, daemon = dict(controller["guardrails"]), dict(controller["daemon"])
+    # priced with a straight-line T(B, K) (the lab's before its knee was fitted), which makes the gain small:
+    # with the knee the one-stream table is predicted well above both bars at once
+    daemon["policy"] = {**daemon["policy"], "step_cost": LINEAR_LAB_STEP_COST}
     data = {"duration_s": 900, "load": phase}
-    rails = dict(tomllib.loads((SCENARIOS / "lab_phases.toml").read_text())["controller"]["guardrails"])
-    live = _first_change_s(bench_scenario("lab_phases", **data))
+    live = _first_change_s(bench_scenario("lab_phases", **data, controller={"daemon": daemon}))
     alike = {**rails, "min_gain_live": rails["min_gain"], "live_gain_confidence": 0.975}
-    strict = _first_change_s(bench_scenario("lab_phases", **data, controller={"guardrails": alike}))
+    strict = _first_change_s(bench_scenario("lab_phases", **data, controller={"guardrails": alike, "daemon": daemon}))
     assert live is not None and live <= 240, live
     assert strict is None or strict >= live + 180, (live, strict)
+
+
+def test_the_daemon_measures_a_step_cost_cell_after_as_much_decode_time_as_live() -> None:
+    """The plugin ships every step, the simulator one per collect window: a cell of 50 steps (~2 s of
+    decoding at the lab's 45 ms) is 2 windows here, not 50 (100 s, longer than the lab's regimes let a
+    table's K = 0 at 4 streams be measured before a rollback: the same regression tried again)."""
+    lab = bench_scenario("lab_phases")
+    policy = daemon_config(lab, SimEngine(lab)).policy
+    assert policy.step_cost_cell_min_steps == 2
+    slow = bench_scenario("lab_phases", engine={"target_step_s": 0.5})  # 4 steps a 2-s window: 50 steps in 13
+    assert daemon_config(slow, SimEngine(slow)).policy.step_cost_cell_min_steps == 13
+    # spectuner_stepcost pins the engine's own T(B, K), its knee included (unless the scenario pins one)
+    unpinned = bench_scenario("lab_phases", controller={"daemon": {}})
+    pinned = daemon_config(unpinned, SimEngine(unpinned), step_cost=True).policy.step_cost
+    assert pinned is not None and pinned.free_tokens == lab.engine.free_tokens > 0
