@@ -276,7 +276,7 @@ class SimEngine:
         b = np.asarray(batch, dtype=float)
         k = cfg.k_at(b)
         # T(B, K) = fixed + per_token·max(B·(1 + s·K) − free, 0) + D·(draft_fixed + draft_per_seq·B), as
-        # StepCostModel when free = 0: s the proposal share (1 but for a lookup); D = K draft passes, or 1 for
+        # StepCostModel (vectorised here): s the proposal share (1 but for a lookup); D = K draft passes, or 1 for
         # a table's K = 0 with a draft model (vLLM keeps the draft's KV cache in sync), or one pass at any
         # K ≥ 1 for a lookup (ngram, suffix: StepCostModel.lookup_proposer)
         method = None if cfg.off else self.drafts[str(cfg.draft)].method
@@ -285,7 +285,7 @@ class SimEngine:
         )
         return (
             model.fixed_s
-            + model.per_token_s * np.maximum(b * (1 + self.share(cfg) * k) - self.scenario.engine.free_tokens, 0.0)
+            + model.per_token_s * np.maximum(b * (1 + self.share(cfg) * k) - model.free_tokens, 0.0)
             + passes * (model.draft_fixed_s + model.draft_per_seq_s * b)
             + self.kv_read_s_per_seq * b
         )
