@@ -390,7 +390,7 @@ def fit_step_cost(
     both_varied = np.unique(passes).size >= 2 and np.unique(b).size >= 2
     if draft_cost_ratio is not None and (not both_varied or n < 4):
         # too little variety to separate four parameters: fit the target's two, the draft's as c × them
-        return _fit_fixed_ratio(b, kk, y, w, n, float(draft_cost_ratio), passes)
+        return _fit_fixed_ratio(b, kk, y, w, n, float(draft_cost_ratio), passes, free_tokens=None if find_knee else 0.0)
     if n < 3:
         return StepCostFit(None, StepCostReason.TOO_FEW_OBSERVATIONS, f"{n} observations; at least 3 are needed.", n)
     if np.unique(passes).size < 2:
@@ -475,25 +475,32 @@ def _nnls(xw: NDArray[np.float64], yw: NDArray[np.float64]) -> NDArray[np.float6
 
 
 def _knee(
-    scored: NDArray[np.float64], x: NDArray[np.float64], y: NDArray[np.float64], sw: NDArray[np.float64]
+    scored: NDArray[np.float64],
+    x: NDArray[np.float64],
+    y: NDArray[np.float64],
+    sw: NDArray[np.float64],
+    offset: NDArray[np.float64] | None = None,
 ) -> float:
     """The ``free_tokens`` of the best fit, or 0 (a straight line) when a knee does not earn its parameter.
 
     The residual sum of squares is profiled over knees at and between the distinct token counts scored
     (``scored`` = B·(K + 1)) and refined around the best; a knee needs two counts below it (one alone is
     the line with another intercept, or a free intercept for that count) and two above (the slope). It is
-    kept when it explains significantly more than the line: F = (RSS_line − RSS_knee) / (RSS_knee / (n − 5))
-    above its 95th percentile on (1, n − 5) degrees of freedom, n the observations (the groups, however
-    many steps each holds: a refit from a few groups must not bend the line to fit one of them). ``sw``: the
+    kept when it explains significantly more than the line: F = (RSS_line − RSS_knee) / (RSS_knee / (n − p − 1))
+    above its 95th percentile on (1, n − p − 1) degrees of freedom, n the observations (the groups, however
+    many steps each holds: a refit from a few groups must not bend the line to fit one of them), p the
+    columns of ``x`` (its column 1 is the per-token one, max(scored − knee, 0) + ``offset``). ``sw``: the
     square roots of the observations' weights."""
     levels = np.unique(scored)
     n = y.size
-    if levels.size < 4 or n <= 5:
+    dof = n - x.shape[1] - 1
+    if levels.size < 4 or dof <= 0:
         return 0.0
+    add = np.zeros_like(y) if offset is None else offset
 
     def rss(free: float) -> float:
         xf = x.copy()
-        xf[:, 1] = np.maximum(scored - free, 0.0)
+        xf[:, 1] = np.maximum(scored - free, 0.0) + add
         xw = xf * sw[:, None]
         r = y * sw - xw @ _nnls(xw, y * sw)
         return float(r @ r)
@@ -513,8 +520,8 @@ def _knee(
     free, err = (float(best.x), float(best.fun)) if best.fun < errors[i] else (grid[i], errors[i])
     if err <= 0.0:
         return free
-    f_ratio = (line - err) / (err / (n - 5))
-    return free if f_ratio > stats.f.ppf(0.95, 1, n - 5) else 0.0
+    f_ratio = (line - err) / (err / dof)
+    return free if f_ratio > stats.f.ppf(0.95, 1, dof) else 0.0
 
 
 def fit_target_cost(
@@ -525,10 +532,12 @@ def fit_target_cost(
     row_cost_ratio: ArrayLike,
     draft_cost_ratio: float,
     draft_pass_at_k0: ArrayLike = False,
+    find_knee: bool = True,
 ) -> StepCostFit:
     """The target's two parameters from steps under several drafts, each observation's draft pass taken
     as its own draft's ``row_cost_ratio`` × the target's (0 for a step without a draft); the model's
-    draft part is ``draft_cost_ratio`` × the target's. Purely computational.
+    draft part is ``draft_cost_ratio`` × the target's. Purely computational. The knee is profiled as in
+    :func:`fit_step_cost` when the steps span enough batch sizes (``find_knee=False``: a straight line).
 
     The target's cost is the same whatever draft runs beside it, so steps under other drafts measure it
     too: after a swap the new draft's steps alone (one K, one batch size) cannot tell a per-token cost
@@ -547,7 +556,7 @@ def fit_target_cost(
     if not np.all(np.isfinite(cr) & (cr >= 0)):
         return StepCostFit(None, StepCostReason.INVALID_INPUT, "cost ratios must be finite and ≥ 0.", n)
     passes = design_matrix(b, kk, np.broadcast_to(np.asarray(draft_pass_at_k0, dtype=float), (n,)))[:, 2]
-    return _fit_fixed_ratio(b, kk, y, w, n, float(draft_cost_ratio), passes, cr)
+    return _fit_fixed_ratio(b, kk, y, w, n, float(draft_cost_ratio), passes, cr, None if find_knee else 0.0)
 
 
 def _fit_fixed_ratio(
@@ -559,18 +568,24 @@ def _fit_fixed_ratio(
     c: float,
     passes: NDArray[np.float64],
     row_c: NDArray[np.float64] | None = None,
-    free_tokens: float = 0.0,
+    free_tokens: float | None = 0.0,
 ) -> StepCostFit:
     """T(B, K) = fixed_s·(1 + D·c) + per_token_s·(max(B·(K + 1) − free_tokens, 0) + D·c·B) with D draft
     passes (K, or 1 at a loaded K = 0): the draft's part is c × the target's (a draft's pass is taken as
-    linear in B, whatever the target's knee).
+    linear in B, whatever the target's knee). ``free_tokens=None``: profiled (:func:`_knee`, relative
+    residuals, an F-test at 5 %) when the observations span enough batch sizes — one K at several batch
+    sizes shows the knee as well as a sweep does.
 
     At one batch size B₀ the per-token cost is still identified when D varies: the slope in D is
     c·T(B₀, 0) + per_token_s·B₀, so given c it measures per_token_s (verifying K more tokens per
     sequence is not free at B₀ = 16). Without it the model is Leviathan's there and over-speculates."""
     check_cost_ratio(c)
     cs = np.full_like(y, c) if row_c is None else row_c
-    x = np.column_stack([1.0 + passes * cs, np.maximum(b * (kk + 1.0) - free_tokens, 0.0) + b * passes * cs])
+    scored, drafted = b * (kk + 1.0), b * passes * cs
+    if free_tokens is None:
+        line = np.column_stack([1.0 + passes * cs, scored + drafted])
+        free_tokens = _knee(scored, line, y, np.sqrt(w) / y, drafted) if np.unique(b).size >= 2 else 0.0
+    x = np.column_stack([1.0 + passes * cs, np.maximum(scored - free_tokens, 0.0) + drafted])
     per_token_seen = bool(np.linalg.matrix_rank(x / np.abs(x).max(axis=0).clip(min=1e-300)) >= 2)
     if not per_token_seen:
         x[:, 1] = 0.0
@@ -610,6 +625,8 @@ def _fit_fixed_ratio(
     )
     seen = ", ".join(str(int(v)) for v in np.unique(kk))
     others = "" if row_c is None else " (steps under other drafts too, each at its own cost ratio)"
+    if model.free_tokens > 0.0:
+        where += f", flat up to {model.free_tokens:.1f} scored tokens a pass"
     return StepCostFit(
         model,
         StepCostReason.FIXED_COST_RATIO,

@@ -460,6 +460,54 @@ def test_a_straight_engine_gets_no_knee_and_an_exact_one_needs_none() -> None:
     assert exact.model.parameters == pytest.approx(LAB.parameters, rel=1e-6)
 
 
+def _one_k(rng: np.random.Generator, truth: StepCostModel, k: int, noise: float = 0.03):
+    """Steps at one K over 1-64 streams, four visits each (K held while the load moves)."""
+    b = np.array([1, 2, 4, 8, 16, 32, 64] * 4, float)
+    y = np.array([truth.step_time_s(bb, k) for bb in b]) * (1 + noise * rng.standard_normal(b.size))
+    return b, np.full(b.size, float(k)), y
+
+
+def test_one_k_over_several_batch_sizes_shows_the_knee_given_the_cost_ratio() -> None:
+    c = 0.15  # the draft's pass is c × the target's, as the fixed-ratio fit takes it
+    truth = StepCostModel(0.045, 0.0036, c * 0.045, c * 0.0036, free_tokens=6.0)
+    for seed in range(3):
+        b, k, y = _one_k(np.random.default_rng(seed), truth, 1)
+        fit = fit_step_cost(b, k, y, draft_cost_ratio=c)
+        assert fit.model is not None and fit.reason is StepCostReason.FIXED_COST_RATIO
+        assert fit.model.free_tokens == pytest.approx(6.0, abs=1.5) and "flat up to" in fit.message
+        assert fit.model.step_time_s(4, 1) == pytest.approx(truth.step_time_s(4, 1), rel=0.06)
+        straight = fit_step_cost(b, k, y, draft_cost_ratio=c, find_knee=False)
+        assert straight.model is not None and straight.model.free_tokens == 0.0
+        # the knee's model prices a step it did not see (16 streams at K = 3) closer than the line
+
+        def error(model: StepCostModel) -> float:
+            return abs(model.step_time_s(16, 3) / truth.step_time_s(16, 3) - 1)
+
+        assert error(fit.model) <= 0.06 and error(fit.model) < error(straight.model)
+        # a straight engine's steps at one K buy no knee
+        line = StepCostModel(0.012, 0.0004, c * 0.012, c * 0.0004)
+        b, k, y = _one_k(np.random.default_rng(seed), line, 1)
+        plain = fit_step_cost(b, k, y, draft_cost_ratio=c)
+        assert plain.model is not None and plain.model.free_tokens == 0.0
+
+
+def test_steps_under_several_drafts_show_the_targets_knee_after_a_swap() -> None:
+    # after a swap the target's fit reads the steps under the old draft (c = 0.15, K = 1) and the new one's
+    # (c = 0.01, K = 3) over the loads they ran at: the target's knee is the same under both
+    old = StepCostModel(0.045, 0.0036, 0.15 * 0.045, 0.15 * 0.0036, free_tokens=6.0)
+    new = StepCostModel(0.045, 0.0036, 0.01 * 0.045, 0.01 * 0.0036, free_tokens=6.0)
+    rng = np.random.default_rng(7)
+    b1, k1, y1 = _one_k(rng, old, 1)
+    b2, k2, y2 = _one_k(rng, new, 3)
+    b, k, y = np.concatenate([b1, b2]), np.concatenate([k1, k2]), np.concatenate([y1, y2])
+    ratios = [0.15] * b1.size + [0.01] * b2.size
+    fit = fit_target_cost(b, k, y, np.ones(b.size), ratios, draft_cost_ratio=0.01)
+    assert fit.model is not None and fit.model.free_tokens == pytest.approx(6.0, abs=1.5)
+    assert fit.model.step_time_s(16, 3) == pytest.approx(new.step_time_s(16, 3), rel=0.06)
+    flat = fit_target_cost(b, k, y, np.ones(b.size), ratios, draft_cost_ratio=0.01, find_knee=False)
+    assert flat.model is not None and flat.model.free_tokens == 0.0
+
+
 def test_the_knee_round_trips_and_shapes_every_prediction() -> None:
     assert StepCostModel.from_dict(KNEE.to_dict()) == KNEE
     assert "free_tokens" not in LAB.to_dict()  # a straight model's dict is as it always was
