@@ -102,6 +102,23 @@ def test_prediction_interval_for_a_new_run_covers_its_measurement() -> None:
     assert inside >= 0.9
 
 
+def test_expected_tokens_are_computed_once_per_k_and_agree_with_predict() -> None:
+    # a K table asks one model for every batch size: E(K) and its interval are kept per K
+    model = PositionalModel.fit(positions(np.random.default_rng(9), DECAY, 4, 4000), max_k=8)
+    for k in range(0, 9):
+        first = (model.expected_tokens(k), model.expected_tokens_interval(k))
+        assert (model.expected_tokens(k), model.expected_tokens_interval(k)) == first
+        if k:
+            p = model.predict(k)
+            assert first[0] == pytest.approx(p.expected_tokens_per_step)
+            assert first[1] == pytest.approx(p.expected_tokens_ci)
+    assert sorted(model._tokens) == list(range(9))
+    with pytest.raises(ValueError, match="beyond this model's max_k = 8"):
+        model.expected_tokens_interval(9)  # a K it cannot answer is refused every time, never cached
+    with pytest.raises(ValueError, match="beyond this model's max_k = 8"):
+        model.expected_tokens(9)
+
+
 def test_model_validates_inputs() -> None:
     model = PositionalModel.fit(positions(np.random.default_rng(8), 0.5, 2, 100), max_k=4)
     with pytest.raises(ValueError, match="beyond this model's max_k = 4"):
