@@ -676,6 +676,10 @@ def step_times_table(model: StepCostModel, batch_sizes: Sequence[int], k_max: in
 # Batch-size bands of measured cells: geometric, 25 % wide (policies.choose_k.load_bins uses the same width),
 # so that B = 14 and B = 16 share a cell while B = 1, 2 and 4 do not.
 CELL_RATIO = 1.25
+# How far a measured cell's factor carries to unmeasured batch sizes (MeasuredStepCost.level): a Gaussian of
+# this many bands' standard deviation, 1.25³ ≈ 2× in batch size — B = 16's cells speak for B = 8-32, one
+# stream's barely (12 bands away).
+LEVEL_BANDWIDTH_BANDS = 3.0
 
 
 def batch_cell(batch_size: float) -> int:
@@ -709,8 +713,13 @@ class MeasuredStepCost(StepCostModel):
     """A :class:`StepCostModel` corrected by measured cells: in a (band, K) cell with enough steps,
     T(B, K) = the model's T(B, K) × the cell's measured/predicted factor, so that the measured mean is
     reproduced at the cell's batch sizes and the model's slope within the band is kept. Elsewhere
-    T(B, K) = the model's × the measured/predicted ratio over the cells of the same kind — steps without
-    drafts (``scale_no_draft``) or with drafts (``scale``) — or over all cells when that kind has none.
+    T(B, K) = the model's × the level of the cells of the same kind — steps without drafts or with drafts —
+    or of all cells when that kind has none: their factors averaged with weights of steps × a Gaussian in
+    the distance between batch-size bands (:data:`LEVEL_BANDWIDTH_BANDS`), so the cells measured nearest in
+    batch size speak for an unmeasured K there. Why local: a model's error moves with the batch size (7 Dec
+    live run: × 1.03–1.05 at one stream, × 0.94 at 16; one level over both priced plain decoding at 16
+    streams 6 % high and kept K = 1 where K = 0 made 9 % more). ``scale`` and ``scale_no_draft`` are the
+    levels over all cells of each kind (what the policy's messages quote).
     A model pinned from another machine so keeps its shape but takes this engine's level, and an
     unmeasured K does not look cheap merely because the model is (which would make the policy try every
     K in turn). The two kinds have their own level because their costs differ in kind: a K = 0 step is the
@@ -720,13 +729,37 @@ class MeasuredStepCost(StepCostModel):
     measured (:func:`with_measured_cells` computes the factors against it)."""
 
     cells: tuple[MeasuredCell, ...] = ()
-    scale: float = 1.0  # unmeasured K > 0
-    scale_no_draft: float = 1.0  # unmeasured K = 0
+    scale: float = 1.0  # over every cell with drafts (K > 0)
+    scale_no_draft: float = 1.0  # over every cell without (K = 0)
     _factors: dict[tuple[int, int], float] = field(default_factory=dict, init=False, repr=False, compare=False)
+    # (band, drafting?) → the level there; filled as asked (a K table asks every band for every K)
+    _levels: dict[tuple[int, bool], float] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         object.__setattr__(self, "_factors", {(c.cell, c.k): c.factor for c in self.cells})
+        object.__setattr__(self, "_levels", {})
+
+    def level(self, batch_size: float, k: int) -> float:
+        """The factor an unmeasured (band, K) takes: the cells of its kind (else all), weighted by steps
+        and by closeness in batch size. With no cells, 1 (the model as it stands)."""
+        band, drafting = batch_cell(batch_size), k > 0
+        cached = self._levels.get((band, drafting))
+        if cached is not None:
+            return cached
+        kind = [c for c in self.cells if (c.k > 0) == drafting] or list(self.cells)
+        if not kind:
+            value = 1.0
+        else:
+            nearest = min(abs(c.cell - band) for c in kind)
+            # distances taken from the nearest cell's, so that far from every cell the weights do not all
+            # underflow to 0: there the nearest cells speak, as one level would
+            weights = [
+                c.steps * math.exp(-0.5 * ((abs(c.cell - band) - nearest) / LEVEL_BANDWIDTH_BANDS) ** 2) for c in kind
+            ]
+            value = sum(w * c.factor for w, c in zip(weights, kind, strict=True)) / sum(weights)
+        self._levels[(band, drafting)] = value
+        return value
 
     def is_measured(self, batch_size: float, k: int) -> bool:
         return (batch_cell(batch_size), k) in self._factors
@@ -749,22 +782,25 @@ class MeasuredStepCost(StepCostModel):
 
     def step_time_s(self, batch_size: float, k: int) -> float:
         base = super().step_time_s(batch_size, k)
-        default = self.scale if k > 0 else self.scale_no_draft
-        return base * self._factors.get((batch_cell(batch_size), k), default)
+        factor = self._factors.get((batch_cell(batch_size), k))
+        return base * (factor if factor is not None else self.level(batch_size, k))
 
     def plain_step_time_s(self, batch_size: float) -> float:
         if not self.draft_pass_at_k0 and self.k0_skip_output_tokens <= 0.0:
             return self.step_time_s(batch_size, 0)  # this engine's K = 0 steps are plain decoding
         # No step of this engine ran without its draft. Its K = 0 steps come closest (the target's
         # one-token forward plus the draft's catch-up pass): the model's plain step at their level.
-        factor = self._factors.get((batch_cell(batch_size), 0), self.scale_no_draft)
-        return super().plain_step_time_s(batch_size) * factor
+        factor = self._factors.get((batch_cell(batch_size), 0))
+        return super().plain_step_time_s(batch_size) * (factor if factor is not None else self.level(batch_size, 0))
 
     def step_time_interval_s(self, batch_size: float, k: int, confidence: float = 0.95) -> tuple[float, float]:
+        mean = self.step_time_s(batch_size, k)
         if self.is_measured(batch_size, k):
-            mean = self.step_time_s(batch_size, k)
             return (mean, mean)
-        return super().step_time_interval_s(batch_size, k, confidence)
+        _, hi = super().step_time_interval_s(batch_size, k, confidence)
+        # the fit's spread at the model's scale, taken to this engine's level like the mean
+        half = (hi - mean) * self.level(batch_size, k)
+        return (max(mean - half, 0.0), mean + half)
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -191,8 +191,9 @@ def step_cost_from_steps(
                 f"B {c.mean_batch_size:.1f} K={c.k}: ×{c.factor:.2f} ({c.steps} steps)" for c in model.cells
             )
             note += (
-                f"; measured on this engine ({len(model.cells)} cells; elsewhere the model × {model.scale:.2f}"
-                f" with drafts, × {model.scale_no_draft:.2f} without): {cells}"
+                f"; measured on this engine ({len(model.cells)} cells; elsewhere the model × the level of the"
+                f" cells nearest in batch size, over all × {model.scale:.2f} with drafts, × {model.scale_no_draft:.2f}"
+                f" without): {cells}"
             )
             return model, note, f"{source} + measured cells"
     return base, note, source

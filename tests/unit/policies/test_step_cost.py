@@ -223,6 +223,43 @@ def test_a_cell_reproduces_its_measured_mean_and_the_rest_takes_the_engines_leve
     assert type(model.linear()) is StepCostModel and model.linear().parameters.tolist() == LAB.parameters.tolist()
 
 
+def test_an_unmeasured_k_takes_the_level_of_the_cells_nearest_in_batch_size() -> None:
+    """The live run of 7 Dec 16:48: the pinned model ran × 1.05 and × 1.03 at one stream (K = 3, 5) and
+    × 0.94 at 16 streams (K = 1). One level over the three (× 1.00) priced plain decoding at 16 streams 6 %
+    above what the engine's own steps there say; the level of the nearest cells prices it at × 0.94."""
+    pinned = StepCostModel(0.0483, 0.004235, 0.0062, 0.000724, free_tokens=5.36)
+    b, k, n = [1, 1, 15.66], [3, 5, 1], [382, 1557, 629]
+    times = [pinned.step_time_s(bi, ki) * f for bi, ki, f in zip(b, k, [1.05, 1.03, 0.94], strict=True)]
+    model = with_measured_cells(pinned, b, k, times, n, min_steps=50)
+    assert isinstance(model, MeasuredStepCost)
+    assert model.scale == pytest.approx(0.995, abs=0.002)  # the level over all cells, as the messages quote
+    assert model.level(16, 0) == pytest.approx(0.94, abs=0.001)
+    assert model.level(1, 0) == pytest.approx((382 * 1.05 + 1557 * 1.03) / 1939, abs=0.001)
+    assert model.step_time_s(16, 0) == pytest.approx(pinned.step_time_s(16, 0) * model.level(16, 0))
+    assert model.plain_step_time_s(16) == model.step_time_s(16, 0)
+    # midway (B = 4: 6 bands from each), both clusters speak, by their steps
+    assert model.level(4, 2) == pytest.approx((382 * 1.05 + 1557 * 1.03 + 629 * 0.94) / 2568, abs=0.001)
+    # far beyond every cell the nearest speak (no underflow to a 0/0 level)
+    assert model.level(10_000, 3) == pytest.approx(0.94, abs=0.001)
+    # a measured cell keeps its own factor
+    assert model.step_time_s(1, 5) == pytest.approx(times[1])
+
+
+def test_an_unmeasured_cells_interval_is_taken_to_the_engines_level_with_its_mean() -> None:
+    rng = np.random.default_rng(3)
+    b = np.repeat([1.0, 4.0, 16.0, 64.0], 40)
+    k = np.tile([0.0, 1.0, 3.0, 5.0], 40)
+    t = np.array([LAB.step_time_s(bi, int(ki)) for bi, ki in zip(b, k, strict=True)])
+    fitted = fit_step_cost(b, k, t * (1 + 0.03 * rng.standard_normal(t.size)), find_knee=False).model
+    assert fitted is not None and fitted.covariance is not None
+    measured = with_measured_cells(fitted, [16], [1], [1.2 * fitted.step_time_s(16, 1)], [100], min_steps=50)
+    assert isinstance(measured, MeasuredStepCost)
+    lo, hi = fitted.step_time_interval_s(16, 3)
+    mlo, mhi = measured.step_time_interval_s(16, 3)
+    assert measured.step_time_s(16, 3) == pytest.approx(1.2 * fitted.step_time_s(16, 3))
+    assert (mhi - mlo) == pytest.approx(1.2 * (hi - lo))
+
+
 def test_a_cell_with_too_few_steps_leaves_the_model_alone() -> None:
     assert with_measured_cells(LAB, [4], [0], [0.018], [49], min_steps=50) is LAB
     assert with_measured_cells(LAB, [], [], [], [], min_steps=50) is LAB
