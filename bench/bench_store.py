@@ -16,14 +16,25 @@ run so the ratios are honest on whatever machine runs it:
 SQLite runs on a file with the store's settings (WAL, synchronous=NORMAL). PostgreSQL is a throwaway
 local PostgreSQL 15 (``tests/integration/pg.py``) with its default durability (fsync on).
 
-    .venv/bin/python bench/bench_store.py [--rows 100000] [--batch 1000] [--repeats 3]
+The ``hot_paths`` case times two per-batch costs of the daemon's writer threads, each with and
+without its saving, side by side on SQLite (writes ``bench/results/store_hot_paths.json``):
 
-Prints a table and writes ``bench/results/store.json``. Target: ≥ 50 000 rows/s on SQLite.
+- ``tagging``: ``ConfigTaggingSink.write_steps`` on batches of step records of one series under one
+  config, the sink's clock moving 0.5 s per batch as the step writer's does: the remembered config
+  (re-checked every ``CONFIG_CACHE_TTL_S``) vs a ``config_at`` query per batch (``cache_ttl_s=0``),
+  and the store's ``write_steps`` alone (no tagging) as the floor;
+- ``sample_append``: ``SampleStore.append`` of one sample at a time, ``state.json`` saved at most
+  every ``state_save_interval_s`` (default) vs on every append (interval 0).
+
+    .venv/bin/python bench/bench_store.py [--rows 100000] [--batch 1000] [--repeats 3] [--cases ingest,hot_paths]
+
+Prints tables and writes ``bench/results/store.json`` (ingest). Target: ≥ 50 000 rows/s on SQLite.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -42,13 +53,17 @@ sys.path.insert(0, str(REPO))
 from sqlalchemy import insert  # noqa: E402
 
 from collectors.records import EngineKey, RequestRecord, StepRecord  # noqa: E402
+from collectors.traffic_record import RecorderSettings, SampleStore, TrafficSample  # noqa: E402
 from policies.counters import SpecCounters  # noqa: E402
 from tuner.store import Store, upgrade  # noqa: E402
 from tuner.store.ingest import request_values, step_values  # noqa: E402
+from tuner.store.records import EngineConfigRecord  # noqa: E402
 from tuner.store.store import requests_t, steps_t  # noqa: E402
+from tuner.store.tagging import CONFIG_CACHE_TTL_S, ConfigTaggingSink  # noqa: E402
 
 TARGET_SQLITE_ROWS_PER_S = 50_000
 RESULTS = REPO / "bench" / "results" / "store.json"
+HOT_RESULTS = REPO / "bench" / "results" / "store_hot_paths.json"
 T0 = datetime(2026, 3, 1, tzinfo=UTC)
 
 
@@ -255,6 +270,157 @@ def bench_backend(
     return out
 
 
+# --- hot paths: config tagging and the traffic record's state file ---------------------------------
+
+
+def tagging_batches(batches_n: int, rows: int) -> list[list[StepRecord]]:
+    """One series, a batch every 0.5 s (the step writer's flush), ``rows`` steps in each."""
+    key = EngineKey("http://127.0.0.1:8000/metrics", "llama", "0")
+    one = make_steps(rows)
+    return [
+        [replace_step(r, key, T0 + timedelta(seconds=0.5 * b, microseconds=500 * i)) for i, r in enumerate(one)]
+        for b in range(batches_n)
+    ]
+
+
+def replace_step(rec: StepRecord, key: EngineKey, ts: datetime) -> StepRecord:
+    return StepRecord(ts=ts, key=key, batch_size=rec.batch_size, step_time_s=rec.step_time_s, spec=rec.spec,
+                      num_scheduled_tokens=rec.num_scheduled_tokens)
+
+
+def run_tagging(url: str, way: str, batches_: Sequence[Sequence[StepRecord]]) -> tuple[float, float]:
+    """Write the batches through the sink one way into a fresh database (setup untimed)."""
+    upgrade(url)
+    store = Store(url)
+    key = batches_[0][0].key
+    store.record_config(key, EngineConfigRecord(method="eagle", started_at=T0, draft_model="d", num_spec_tokens=3))
+    ticks = itertools.count()
+    # one lookup per batch reads the clock once: 0.5 s a batch, so re-checks come as often as live
+    sink = ConfigTaggingSink(
+        store, cache_ttl_s=CONFIG_CACHE_TTL_S if way == "cached" else 0, clock=lambda: 0.5 * next(ticks)
+    )
+    write = store.write_steps if way == "untagged" else sink.write_steps
+
+    def fn() -> None:
+        for batch in batches_:
+            write(batch)
+
+    try:
+        return timed(fn)
+    finally:
+        store.close()
+
+
+def run_appends(directory: Path, way: str, samples: Sequence[TrafficSample]) -> tuple[float, float]:
+    interval = {"throttled": RecorderSettings(directory).state_save_interval_s, "every_append": 0.0}[way]
+    store = SampleStore(RecorderSettings(directory, state_save_interval_s=interval))
+
+    def fn() -> None:
+        for sample in samples:
+            store.append([sample])
+        store.close()  # the throttled way's last save counts too
+
+    return timed(fn)
+
+
+def bench_hot_paths(tmp: str, batches_n: int, rows: int, appends: int, repeats: int) -> dict[str, Any]:
+    """Per-call wall and CPU seconds (medians over ``repeats``, each into a fresh database or
+    directory, the order rotating), and the ratios of the way without the saving to the way with it."""
+    counter = iter(range(1_000_000))
+    batches_ = tagging_batches(batches_n, rows)
+    sample = TrafficSample(T0, "cmpl-1", "llama", tuple(range(512)), tuple(range(128)), True, False,
+                           "response", "completions")
+    samples = [replace_sample(sample, i) for i in range(appends)]
+    cases: dict[str, tuple[list[str], Callable[[str], tuple[float, float]], int]] = {
+        "tagging": (
+            ["cached", "uncached", "untagged"],
+            lambda way: run_tagging(f"sqlite:///{tmp}/hot{next(counter)}.db", way, batches_),
+            batches_n,
+        ),
+        "sample_append": (
+            ["throttled", "every_append"],
+            lambda way: run_appends(Path(tmp) / f"samples{next(counter)}", way, samples),
+            appends,
+        ),
+    }
+    out: dict[str, Any] = {}
+    for case, (ways, run, calls) in cases.items():
+        wall: dict[str, list[float]] = {way: [] for way in ways}
+        cpu: dict[str, list[float]] = {way: [] for way in ways}
+        for repeat in range(repeats):
+            for way in ways[repeat % len(ways) :] + ways[: repeat % len(ways)]:
+                wall_s, cpu_s = run(way)
+                wall[way].append(wall_s / calls)
+                cpu[way].append(cpu_s / calls)
+        out[case] = {
+            way: {
+                "wall_s_per_call_median": statistics.median(wall[way]),
+                "cpu_s_per_call_median": statistics.median(cpu[way]),
+                "wall_s_per_call_samples": wall[way],
+            }
+            for way in ways
+        }
+        base, saved = ways[1], ways[0]
+        out[case]["calls"] = calls
+        out[case][f"{base}_over_{saved}_cpu"] = statistics.median(cpu[base]) / statistics.median(cpu[saved])
+        out[case][f"{base}_over_{saved}_wall"] = statistics.median(wall[base]) / statistics.median(wall[saved])
+    tag = out["tagging"]
+    # what tagging itself costs per batch, over the store's write alone
+    floor = tag["untagged"]["cpu_s_per_call_median"]
+    tag["tagging_cpu_s_per_batch"] = {way: tag[way]["cpu_s_per_call_median"] - floor for way in ("cached", "uncached")}
+    return out
+
+
+def replace_sample(sample: TrafficSample, i: int) -> TrafficSample:
+    return TrafficSample(sample.ts + timedelta(seconds=i), f"cmpl-{i}", sample.model, sample.prompt_ids,
+                         sample.output_ids, sample.greedy, sample.logprobs, sample.ids_source, sample.endpoint)
+
+
+def report_hot_paths(args: argparse.Namespace) -> None:
+    load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="spectuner-bench-hot-") as tmp:
+        results = bench_hot_paths(tmp, args.tag_batches, args.tag_rows, args.appends, args.repeats)
+    load_after = os.getloadavg()
+    tag, app = results["tagging"], results["sample_append"]
+    print(f"hot paths (SQLite), median of {args.repeats}; load average {load_before[0]:.2f} before, "
+          f"{load_after[0]:.2f} after")
+    print(f"tagging: {args.tag_batches} batches of {args.tag_rows} steps, one series, 0.5 s a batch")
+    for way in ("cached", "uncached", "untagged"):
+        w = tag[way]
+        print(f"  {way:<13} {w['wall_s_per_call_median'] * 1e3:8.3f} ms/batch wall "
+              f"{w['cpu_s_per_call_median'] * 1e3:8.3f} ms/batch CPU")
+    own = tag["tagging_cpu_s_per_batch"]
+    print(f"  uncached ÷ cached: {tag['uncached_over_cached_cpu']:.2f} CPU, {tag['uncached_over_cached_wall']:.2f} "
+          f"wall; tagging itself {own['uncached'] * 1e3:.3f} → {own['cached'] * 1e3:.3f} ms CPU a batch")
+    print(f"sample append: {args.appends} appends of one sample")
+    for way in ("throttled", "every_append"):
+        w = app[way]
+        print(f"  {way:<13} {w['wall_s_per_call_median'] * 1e6:8.1f} µs/append wall "
+              f"{w['cpu_s_per_call_median'] * 1e6:8.1f} µs/append CPU")
+    print(f"  every_append ÷ throttled: {app['every_append_over_throttled_cpu']:.2f} CPU, "
+          f"{app['every_append_over_throttled_wall']:.2f} wall")
+    payload = {
+        "benchmark": "store_hot_paths",
+        "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "tag_batches": args.tag_batches,
+        "tag_rows_per_batch": args.tag_rows,
+        "appends": args.appends,
+        "repeats": args.repeats,
+        "config_cache_ttl_s": CONFIG_CACHE_TTL_S,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "load_average_before": load_before,
+            "load_average_after": load_after,
+        },
+        "results": results,
+    }
+    args.hot_out.parent.mkdir(parents=True, exist_ok=True)
+    args.hot_out.write_text(json.dumps(payload, indent=2) + "\n")
+    print(f"wrote {args.hot_out.relative_to(REPO) if args.hot_out.is_relative_to(REPO) else args.hot_out}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=100_000, help="rows per kind per repeat")
@@ -262,7 +428,19 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--backends", default="sqlite,postgresql")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--cases", default="ingest,hot_paths", help="ingest and/or hot_paths")
+    parser.add_argument("--tag-batches", type=int, default=200, help="hot_paths: step batches through the sink")
+    parser.add_argument("--tag-rows", type=int, default=64, help="hot_paths: step records per batch")
+    parser.add_argument("--appends", type=int, default=500, help="hot_paths: one-sample appends")
+    parser.add_argument("--hot-out", type=Path, default=HOT_RESULTS)
     args = parser.parse_args()
+    cases = args.cases.split(",")
+    if unknown := set(cases) - {"ingest", "hot_paths"}:
+        parser.error(f"unknown case {', '.join(sorted(unknown))}: use ingest and/or hot_paths")
+    if "hot_paths" in cases:
+        report_hot_paths(args)
+    if "ingest" not in cases:
+        return 0
 
     steps, requests = make_steps(args.rows), make_requests(args.rows)
     load_before = os.getloadavg()

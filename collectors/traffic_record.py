@@ -24,7 +24,8 @@ split; such samples carry ``ids_source = "tokenized"``. Chat requests need the c
 tokenise, so they are recorded only with ``return_token_ids``.
 
 Files: ``DIR/segment-<first ts µs>.jsonl`` (one sample a line), rolled at ``max_bytes / 8``, and
-``DIR/state.json`` (samples dropped for space or age, cumulative).
+``DIR/state.json`` (samples written and dropped for space or age, cumulative; saved at most every
+``state_save_interval_s`` while appending, always on sweep and close).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import random
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,9 @@ class RecorderSettings:
     """Samples older than this are deleted (whole segments, at the next write or sweep)."""
     max_queue: int = 256
     """Exchanges waiting to be tokenised; more are dropped and counted, never waited for."""
+    state_save_interval_s: float = 5.0
+    """Appends save ``state.json`` at most this often (rewriting it on every append was most of the
+    recorder thread's CPU); a crash loses at most this long of counts. 0: on every append."""
 
     def __post_init__(self) -> None:
         if not 0 < self.sample_rate <= 1:
@@ -73,6 +77,8 @@ class RecorderSettings:
             raise ValueError(f"max_bytes must be at least 4096 but got {self.max_bytes!r}")
         if self.retention_s <= 0 or self.max_queue < 1:
             raise ValueError("retention_s must be > 0 and max_queue ≥ 1")
+        if not self.state_save_interval_s >= 0:
+            raise ValueError(f"state_save_interval_s must be ≥ 0 but got {self.state_save_interval_s!r}")
 
 
 @dataclass(frozen=True)
@@ -91,7 +97,8 @@ class TrafficSample:
     endpoint: str  # "completions" or "chat"
 
     def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
+        # shallow: asdict() deep-copies every token id, most of an append's CPU for a long sample
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
         data["ts"] = self.ts.isoformat()
         data["prompt_ids"] = list(self.prompt_ids)
         data["output_ids"] = list(self.output_ids)
@@ -272,7 +279,12 @@ class SampleStoreStats:
 
 
 class SampleStore:
-    """Segments of JSON lines in one directory, capped in bytes and age; the oldest go first."""
+    """Segments of JSON lines in one directory, capped in bytes and age; the oldest go first.
+
+    The counters (``stats``) are saved to ``state.json`` by :meth:`sweep`, :meth:`flush` /
+    :meth:`close` and, at most once per ``settings.state_save_interval_s`` (by ``clock``), by
+    :meth:`append`: close the store on a clean shutdown (``TrafficRecorder.close`` does); a crash
+    loses at most that interval's counts (the samples themselves are written at once)."""
 
     def __init__(self, settings: RecorderSettings, clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
         self.settings = settings
@@ -281,6 +293,8 @@ class SampleStore:
         self._lock = threading.Lock()
         self.dir.mkdir(parents=True, exist_ok=True)
         self.stats = self._load_state()
+        self._dirty = False  # counts changed since the last save
+        self._saved_at: float | None = None  # clock timestamp of the last save
 
     def _load_state(self) -> SampleStoreStats:
         try:
@@ -293,6 +307,26 @@ class SampleStore:
         tmp = self.dir / (_STATE + ".tmp")
         tmp.write_text(json.dumps(asdict(self.stats)))
         os.replace(tmp, self.dir / _STATE)
+        self._dirty = False
+        self._saved_at = self.clock().timestamp()
+
+    def _save_state_throttled(self) -> None:
+        self._dirty = True
+        if self._saved_at is not None:
+            elapsed = self.clock().timestamp() - self._saved_at
+            if 0 <= elapsed < self.settings.state_save_interval_s:  # a clock stepped back saves now
+                return
+        self._save_state()
+
+    def flush(self) -> None:
+        """Save the counters if an append changed them since the last save."""
+        with self._lock:
+            if self._dirty:
+                self._save_state()
+
+    def close(self) -> None:
+        """Save what is unsaved (a clean shutdown loses no counts); the store stays usable."""
+        self.flush()
 
     def segments(self) -> list[Path]:
         return sorted(self.dir.glob(f"{_SEGMENT_PREFIX}*.jsonl"))
@@ -319,7 +353,7 @@ class SampleStore:
                 fh.write(lines)
             self.stats.written += len(samples)
             self._enforce_locked()
-            self._save_state()
+            self._save_state_throttled()
 
     def sweep(self) -> None:
         """Apply the age and size limits now (the shadow worker calls it before reading)."""
@@ -360,6 +394,7 @@ class SampleStore:
                 seg.unlink()
             (self.dir / _STATE).unlink(missing_ok=True)
             self.stats = SampleStoreStats()
+            self._dirty = False  # nothing to save: no state file means zero counts
             return n
 
 
@@ -427,10 +462,16 @@ class TrafficRecorder:
             self._thread.start()
 
     def close(self, timeout_s: float = 10.0) -> None:
+        """Stop the thread after what is queued, then save the store's counters (throttled while
+        appending)."""
         if self._thread is not None:
             self._queue.put(None)
             self._thread.join(timeout_s)
             self._thread = None
+        try:
+            self.store.close()
+        except OSError as exc:
+            logger.warning("traffic record: cannot save the counters in %s: %s", self.store.dir, exc)
 
     def drain(self) -> None:
         """Process what is queued, in the caller's thread (tests; shutdown without a thread)."""

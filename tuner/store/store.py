@@ -9,6 +9,7 @@ windows are placed by their end time.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
@@ -88,6 +89,10 @@ class Store:
         self._engine_keys: dict[int, EngineKey] = {}
         self._fast_steps = FastInsert(steps_t, STEP_COLUMNS, self.dialect)
         self._fast_requests = FastInsert(requests_t, REQUEST_COLUMNS, self.dialect)
+        # Bumped after every write to engine_configs through this object: in-process caches of config
+        # answers (tuner.store.tagging) compare it to drop what a write may have changed.
+        self._config_generation = 0
+        self._config_generation_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"Store({render_url(self.url)!r})"
@@ -610,39 +615,57 @@ class Store:
 
     # --- engine configs -------------------------------------------------------------------------
 
+    @property
+    def config_generation(self) -> int:
+        """Changes after each config write through this object (not by other processes): read it
+        before a config query, and an answer cached under it is stale once it differs."""
+        return self._config_generation
+
+    def _configs_written(self) -> None:
+        # After the commit (finally), so a reader that saw the old generation re-asks; a lock, so two
+        # writers' bumps cannot collapse into one that a reader has already seen.
+        with self._config_generation_lock:
+            self._config_generation += 1
+
     def record_config(self, key: EngineKey, config: EngineConfigRecord) -> int:
         """Store a config that took effect at ``config.started_at``; any config of that engine still
         open at that time is ended there. Returns the new config's id."""
         row = R.check_single("engine config", R.config_row, config, 0)
-        with self.write_transaction() as conn:
-            engine_id = self._resolve_ids(conn, {R.check_key(key)}, config.started_at)[key]
-            row["engine_id"] = engine_id
-            conn.execute(
-                update(configs_t)
-                .where(
-                    configs_t.c.engine_id == engine_id,
-                    configs_t.c.ended_at.is_(None),
-                    configs_t.c.started_at <= config.started_at,
+        try:
+            with self.write_transaction() as conn:
+                engine_id = self._resolve_ids(conn, {R.check_key(key)}, config.started_at)[key]
+                row["engine_id"] = engine_id
+                conn.execute(
+                    update(configs_t)
+                    .where(
+                        configs_t.c.engine_id == engine_id,
+                        configs_t.c.ended_at.is_(None),
+                        configs_t.c.started_at <= config.started_at,
+                    )
+                    .values(ended_at=config.started_at)
                 )
-                .values(ended_at=config.started_at)
-            )
-            new_id: int = conn.execute(insert(configs_t).returning(configs_t.c.id), row).scalar_one()
+                new_id: int = conn.execute(insert(configs_t).returning(configs_t.c.id), row).scalar_one()
+        finally:
+            self._configs_written()
         return new_id
 
     def end_config(self, config_id: int, ended_at: datetime) -> None:
         values = R.check_fields("end_config", ended_at=(ended_at, "when"))
-        with self.write_transaction() as conn:
-            started = conn.execute(
-                select(configs_t.c.started_at).where(configs_t.c.id == config_id)
-            ).scalar_one_or_none()
-            if started is None:
-                raise UnknownRecordError(f"no engine config with id {config_id}")
-            if ended_at < started:
-                raise R.InvalidRecordError(
-                    f"end_config: ended_at ({ended_at.isoformat()}) is before the config started "
-                    f"({started.isoformat()}); nothing was written"
-                )
-            conn.execute(update(configs_t).where(configs_t.c.id == config_id).values(**values))
+        try:
+            with self.write_transaction() as conn:
+                started = conn.execute(
+                    select(configs_t.c.started_at).where(configs_t.c.id == config_id)
+                ).scalar_one_or_none()
+                if started is None:
+                    raise UnknownRecordError(f"no engine config with id {config_id}")
+                if ended_at < started:
+                    raise R.InvalidRecordError(
+                        f"end_config: ended_at ({ended_at.isoformat()}) is before the config started "
+                        f"({started.isoformat()}); nothing was written"
+                    )
+                conn.execute(update(configs_t).where(configs_t.c.id == config_id).values(**values))
+        finally:
+            self._configs_written()
 
     def config(self, config_id: int) -> StoredConfig:
         with self.read_connection() as conn:

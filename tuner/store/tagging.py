@@ -1,7 +1,8 @@
 """Tag records with the engine config in force: the one place a record gets its ``config_id``.
 
 Windows and steps name their engine series, so :class:`ConfigTaggingSink` looks the config up per
-series at the record's time (``Store.config_at``). Requests are tagged by :class:`RequestConfigTagger`
+series at the record's time (``Store.config_at``), and remembers an answer that holds from its
+config's start on (see :class:`ConfigTaggingSink`). Requests are tagged by :class:`RequestConfigTagger`
 (below), which the sink also uses when it knows the server's metrics URL.
 
 Per-request records, tagged with the engine config in force when they finished:
@@ -16,8 +17,9 @@ stays None (the collector may not have seen the engine yet).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -83,15 +85,82 @@ def _engine_order(key: EngineKey) -> tuple[int, str]:
 
 _Tagged = TypeVar("_Tagged", WindowRecord, StepRecord)
 
+CONFIG_CACHE_TTL_S = 2.0
+"""How long :class:`ConfigTaggingSink` trusts a remembered config before asking the database again.
+Writes through the sink's own :class:`Store` (the daemon's controller, the simulator) invalidate at
+once (``Store.config_generation``); a config written by another process on a shared database is
+seen only by asking, so such a write can mis-tag at most this long of records. 2 s is four of the
+step writer's 0.5 s batches: a quarter of the queries, for a lag of a couple of seconds on a change
+that in-tree code never makes from outside the daemon (the CLI asks the daemon to apply)."""
+
+
+@dataclass(frozen=True)
+class _Known:
+    """A config that is :meth:`Store.config_at`'s answer at every time from its start on: it is open
+    and no other config of its series started at or after it (checked when ``generation`` was read
+    and the monotonic clock said ``checked_at``)."""
+
+    config: StoredConfig
+    generation: int
+    checked_at: float
+
 
 class ConfigTaggingSink:
     """Passes records to the store, stamping windows with the id of the config in force for their
-    engine series (so rollups and later analysis can split by config)."""
+    engine series (so rollups and later analysis can split by config).
 
-    def __init__(self, store: Store, metrics_url: str | None = None) -> None:
+    Looked up per batch and series (a query every 0.5 s per series was most of the step writer's
+    CPU), the answer is remembered per series while it provably holds for every later time: the
+    config is open and nothing of its series started at or after it. A record before its start, a
+    config write through ``store`` or ``cache_ttl_s`` seconds asks the database again (one query
+    re-checks a remembered config). ``cache_ttl_s=0``: every lookup queries (``config_at``)."""
+
+    def __init__(
+        self,
+        store: Store,
+        metrics_url: str | None = None,
+        *,
+        cache_ttl_s: float = CONFIG_CACHE_TTL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.store = store
         # requests name a model, not a series: tagged per model at the server's metrics URL when known
         self.requests = RequestConfigTagger(store, metrics_url) if metrics_url is not None else None
+        self.cache_ttl_s = cache_ttl_s
+        self.clock = clock
+        self._known: dict[EngineKey, _Known] = {}
+
+    def _config_id(self, key: EngineKey, at: datetime) -> int | None:
+        """``Store.config_at(key, at)``'s id, from the remembered config when it still holds."""
+        if self.cache_ttl_s <= 0:
+            found = self.store.config_at(key, at)
+            return None if found is None else found.id
+        # both read before any query: a write that lands during it leaves a stale generation behind
+        generation, now = self.store.config_generation, self.clock()
+        known = self._known.get(key)
+        if known is not None and known.config.config.started_at <= at:
+            if known.generation == generation and 0 <= now - known.checked_at < self.cache_ttl_s:
+                return known.config.id
+            fresh = self._holds_from_start(known.config)
+            if fresh is not None:
+                self._known[key] = _Known(fresh, generation, now)
+                return fresh.id
+            self._known.pop(key, None)
+        found = self.store.config_at(key, at)
+        if found is not None and found.config.ended_at is None:
+            fresh = self._holds_from_start(found)
+            if fresh is not None:
+                self._known[key] = _Known(fresh, generation, now)
+        return None if found is None else found.id
+
+    def _holds_from_start(self, stored: StoredConfig) -> StoredConfig | None:
+        """The config as stored now if it answers ``config_at`` at every time from its start: still
+        open, and no other config of its series started at or after it (``config_at`` takes the
+        latest start in force, so only such a config could win), else None."""
+        since = self.store.configs(stored.key, since=stored.config.started_at)
+        if len(since) == 1 and since[0].id == stored.id and since[0].config.ended_at is None:
+            return since[0]
+        return None
 
     def _tag(
         self, records: Sequence[_Tagged], at: Callable[[_Tagged], datetime], ids: dict[Any, int | None] | None = None
@@ -101,8 +170,7 @@ class ConfigTaggingSink:
         tagged = []
         for r in records:
             if r.key not in ids:
-                cfg = self.store.config_at(r.key, at(r))
-                ids[r.key] = cfg.id if cfg is not None else None
+                ids[r.key] = self._config_id(r.key, at(r))
             tagged.append(replace(r, config_id=ids[r.key]) if r.config_id is None else r)
         return tagged
 

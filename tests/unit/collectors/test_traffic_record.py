@@ -165,8 +165,45 @@ def test_a_full_store_drops_the_oldest_and_counts_them(tmp_path: Path) -> None:
     assert kept == [f"r{i}" for i in range(60 - len(kept), 60)]  # the newest survive, in order
     assert store.stats.written == 60
     assert store.stats.dropped_for_space == 60 - len(kept) > 0
-    # the count survives a restart
+    # the count survives a clean restart
+    store.close()
     assert SampleStore(RecorderSettings(tmp_path, max_bytes=16 * 1024)).stats.dropped_for_space == 60 - len(kept)
+
+
+def _state(directory: Path) -> dict[str, int]:
+    return dict(json.loads((directory / "state.json").read_text()))
+
+
+def test_appends_save_the_counts_at_most_once_per_interval_and_close_saves_the_rest(tmp_path: Path) -> None:
+    now = [T0]
+    store = SampleStore(RecorderSettings(tmp_path, state_save_interval_s=5.0), clock=lambda: now[0])
+    for i in range(50):  # all within the interval: the first append saves, the others wait
+        store.append([_sample(i, n=4)])
+        now[0] += timedelta(milliseconds=50)
+    assert _state(tmp_path)["written"] == 1 and store.stats.written == 50
+    now[0] = T0 + timedelta(seconds=5)
+    store.append([_sample(50, n=4)])  # the interval has passed: saved again
+    assert _state(tmp_path)["written"] == 51
+    store.append([_sample(51, n=4)])
+    assert _state(tmp_path)["written"] == 51
+    now[0] -= timedelta(hours=1)  # a wall clock stepped back saves rather than waiting an hour
+    store.append([_sample(52, n=4)])
+    assert _state(tmp_path)["written"] == 53
+    store.append([_sample(53, n=4)])
+    store.close()
+    assert _state(tmp_path)["written"] == 54
+    assert SampleStore(RecorderSettings(tmp_path)).stats.written == 54
+
+
+def test_the_recorders_close_saves_the_counts(tmp_path: Path) -> None:
+    store = SampleStore(RecorderSettings(tmp_path, sample_rate=1.0), clock=lambda: T0)
+    rec = TrafficRecorder(store, _words)
+    for _ in range(3):
+        rec.observe(_req(), _resp())
+        rec.drain()
+    assert _state(tmp_path)["written"] == 1  # the fixed clock never lets the interval pass
+    rec.close()
+    assert _state(tmp_path)["written"] == 3
 
 
 def test_retention_deletes_old_segments_and_forget_deletes_all(tmp_path: Path) -> None:
@@ -207,3 +244,5 @@ def test_settings_are_checked(tmp_path: Path) -> None:
         RecorderSettings(tmp_path, sample_rate=0)
     with pytest.raises(ValueError, match="max_bytes"):
         RecorderSettings(tmp_path, max_bytes=10)
+    with pytest.raises(ValueError, match="state_save_interval_s"):
+        RecorderSettings(tmp_path, state_save_interval_s=-1)
