@@ -407,18 +407,26 @@ def report_hot_paths(args: argparse.Namespace) -> None:
         "appends": args.appends,
         "repeats": args.repeats,
         "config_cache_ttl_s": CONFIG_CACHE_TTL_S,
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-            "load_average_before": load_before,
-            "load_average_after": load_after,
-        },
+        "machine": _machine(load_before, load_after),
         "results": results,
     }
-    args.hot_out.parent.mkdir(parents=True, exist_ok=True)
-    args.hot_out.write_text(json.dumps(payload, indent=2) + "\n")
-    print(f"wrote {args.hot_out.relative_to(REPO) if args.hot_out.is_relative_to(REPO) else args.hot_out}")
+    _write(args.hot_out, payload)
+
+
+def _machine(load_before: Any, load_after: Any) -> dict[str, Any]:
+    return {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "load_average_before": load_before,
+        "load_average_after": load_after,
+    }
+
+
+def _write(path: Path, payload: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+    print(f"wrote {path.relative_to(REPO) if path.is_relative_to(REPO) else path}")
 
 
 def main() -> int:
@@ -524,20 +532,12 @@ def main() -> int:
         "rows_per_kind": args.rows,
         "batch_rows": args.batch,
         "repeats": args.repeats,
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-            "load_average_before": load_before,
-            "load_average_after": load_after,
-        },
+        "machine": _machine(load_before, load_after),
         "target_sqlite_rows_per_s": TARGET_SQLITE_ROWS_PER_S,
         "target_met_wall_time": verdict,
         "results": results,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(payload, indent=2) + "\n")
-    print(f"wrote {args.out.relative_to(REPO) if args.out.is_relative_to(REPO) else args.out}")
+    _write(args.out, payload)
     return 0
 
 
