@@ -25,6 +25,7 @@ from tuner.controller.audit import CHANGE
 from tuner.controller.context import measure
 from tuner.controller.controller import REJECTED, SUPERSEDED, Controller
 from tuner.controller.evidence import LoadProfile
+from tuner.controller.policy import propose_k
 from tuner.controller.settings import ControllerSettings, PolicySettings
 from tuner.controller.step_cost import config_specs, step_cost_from_steps
 from tuner.store import AppliedBy, DecisionRecord, DecisionStatus, EngineConfigRecord, Store
@@ -1249,3 +1250,67 @@ def test_acceptance_that_scatters_as_it_always_has_is_not_the_traffic_moving(db_
     _, memory = seen[-1]
     assert memory.alpha_moved_at == now - timedelta(minutes=1)  # the first tick at 0.55 (confirm = 2)
     assert memory.alpha_regime is not None and memory.alpha_regime[1].direction == -1
+
+
+def _falling(drafts: int, conditional: tuple[float, ...]) -> SpecCounters:
+    """A window's counters whose conditional acceptance per position is ``conditional`` (K = its length)."""
+    per_pos: list[int] = []
+    reach = float(drafts)
+    for c in conditional:
+        reach *= c
+        per_pos.append(round(reach))
+    k = len(conditional)
+    return SpecCounters(drafts, drafts * k, sum(per_pos), tuple(per_pos), num_spec_tokens=k)
+
+
+def _windows_of(store: Store, start: datetime, counters: list[SpecCounters]) -> datetime:
+    store.write_windows([
+        WindowRecord(key=KEY, start=start + timedelta(seconds=10 * i), end=start + timedelta(seconds=10 * (i + 1)),
+                     spec=c, generation_tokens=1000.0, requests_running=4.0)
+        for i, c in enumerate(counters)
+    ])  # fmt: skip
+    return start + timedelta(seconds=10 * len(counters))
+
+
+def test_positions_pool_the_drafts_earlier_configs_so_k_one_does_not_plan_k_two_on_position_zero(db_url: str) -> None:
+    """Live (7 Dec, hard prompts at 4 streams) a table running K = 1 measured position 0 alone (α̂ 0.89) and
+    planned K = 2 as if position 1 accepted as often; at K = 2 α̂ read 0.81 and the table went back, five times
+    in 150 s. The draft's acceptance per position is the draft's at every K: the evidence window's earlier
+    configs of the same draft add their positions (another draft's, older windows and those before the
+    traffic moved do not), α̂ stays the current config's, and the plan says it went by position."""
+    other = {"method": "draft_model", "model": "/drafts/other", "num_speculative_tokens": 3}
+    k3, k1 = {**K2, "num_speculative_tokens": 3}, {**K2, "num_speculative_tokens": 1}
+    with Store(db_url) as store:
+        store.record_config(KEY, config_record(other, T0, AppliedBy.STARTUP))
+        t = _windows_of(store, T0, [_falling(400, (0.5, 0.5, 0.5))] * 6)
+        store.record_config(KEY, config_record(k3, t, AppliedBy.LIVE))
+        t = _windows_of(store, t, [_falling(400, (0.9, 0.7, 0.6))] * 6)
+        k1_start = t
+        store.record_config(KEY, config_record(k1, t, AppliedBy.LIVE))
+        end = _windows_of(store, t, [_falling(400, (0.9,))] * 6)
+        stored = store.current_config(KEY)
+        assert stored is not None and stored.config.num_spec_tokens == 1
+
+        ctx = measure(store, [KEY], stored, end, 120.0)
+        assert ctx.alpha.alpha == pytest.approx(0.9, abs=0.002)  # α̂: this config's windows alone
+        assert ctx.positions_earlier_configs == 1  # K = 3's, not the other draft's (outside the window anyway)
+        assert ctx.positions.trials[0] == pytest.approx(12 * 400)
+        assert ctx.positions.successes[1] == pytest.approx(6 * 360 * 0.7, abs=6)  # from K = 3's windows only
+        assert len(ctx.positions.trials) == 3
+
+        alone = measure(store, [KEY], stored, end, 120.0, not_before=k1_start)  # the traffic moved at the change
+        assert alone.positions_earlier_configs == 0 and len(alone.positions.trials) == 1
+        wide = measure(store, [KEY], stored, end, 300.0)  # the other draft's windows are in the window now
+        assert wide.positions_earlier_configs == 1 and wide.positions.trials == ctx.positions.trials
+
+        settings = PolicySettings(PolicySection(k_max=5, cost_ratio=0.15))
+        pooled = propose_k(ctx, settings)
+        assert pooled.details["acceptance_model"]["choice"] == "positional_constant_alpha_rejected"
+        assert "this config and 1 earlier one" in pooled.details["acceptance_model"]["message"]
+        assert pooled.details["positions"]["earlier_configs"] == 1
+        one_alpha = propose_k(alone, settings)
+        assert "acceptance_model" not in one_alpha.details and one_alpha.target is not None
+        # one α of 0.9 plans K = 5; positions 0.9, 0.7, 0.6 (and a decay beyond) plan K = 3, and say so
+        assert one_alpha.target.k == 5
+        assert pooled.target is not None and pooled.target.k == 3
+        assert "K planned with per-position acceptance" in pooled.message

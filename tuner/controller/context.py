@@ -35,6 +35,7 @@ from tuner.controller.candidates import current_candidate, same_draft
 from tuner.controller.evidence import (
     HistoryCache,
     LoadProfile,
+    earlier_windows_of_draft,
     evidence_before_end,
     measured_history,
     spec_windows,
@@ -66,6 +67,9 @@ class DecisionContext:
     # per-position trials and successes of the same windows, each at the K it drafted (head methods'
     # acceptance falls with position: policies.acceptance_model.choose_acceptance_model)
     positions: PositionData = field(default_factory=lambda: PositionData((), ()))
+    # how many earlier configs of the running draft (another K or table, inside the evidence window) added
+    # their windows to ``positions`` (evidence.earlier_windows_of_draft); 0: the current config's alone
+    positions_earlier_configs: int = 0
     window_rates: tuple[float, ...] = ()  # one per window (the noise of a comparison)
     window_batches: tuple[float | None, ...] = ()  # aligned with window_rates (None: not scraped)
     mean_batch_size: float | None = None
@@ -545,9 +549,18 @@ def measure(
     since = min(max(now - timedelta(seconds=evidence_window_s), first), now)
     wins = windows_under(store, keys, first, since, now + timedelta(microseconds=1))
     spec, duration_s, tokens, rates, running_mean = summarize(wins)
-    # pooled, not window by window: a window that drafted at two K has estimated trials (PositionData.from_windows)
+    # Per position, the draft's evidence at every K it ran inside the window, earlier configs of the same draft
+    # included: a table that runs K = 1 measures position 0 alone, and one α from it plans K = 2 as if the
+    # second position accepted as often as the first. Live (7 Dec, hard prompts at 4 streams) the table went
+    # K 1 → 2 → 1 → 2 → 1 in 150 s: α̂ 0.89 at K = 1, 0.81 at K = 2, each change undoing the last.
+    # Pooled, not window by window: a window that drafted at two K has estimated trials
+    # (PositionData.from_windows)
+    window_start = now - timedelta(seconds=evidence_window_s)
+    earlier, earlier_configs = earlier_windows_of_draft(
+        store, keys, stored, max(window_start, not_before) if not_before is not None else window_start
+    )
     positions = PositionData.from_windows(
-        e for e in (effective_counters(w.spec) for w in wins if w.spec is not None) if e is not None
+        e for e in (effective_counters(w.spec) for w in (*earlier, *wins) if w.spec is not None) if e is not None
     )
     recent = [w for w in wins if w.end > now - timedelta(seconds=recent_s)]
     alpha = alpha_of_windows([w.spec for w in wins if w.spec is not None], confidence)
@@ -567,6 +580,7 @@ def measure(
         windows=len(wins),
         duration_s=duration_s,
         positions=positions,
+        positions_earlier_configs=earlier_configs if positions.observed_positions else 0,
         generation_tokens=tokens,
         window_rates=rates,
         window_batches=window_batches(wins),

@@ -29,6 +29,39 @@ def windows_under(
     return out
 
 
+def runs_same_draft(a: SpecConfig, b: SpecConfig) -> bool:
+    """Whether two speculative configs run one draft (method, model and every other key alike), whatever
+    their K or K table: a draft model proposes the same tokens at every K, so its acceptance at each
+    position is the draft's and the traffic's, not the K's."""
+    return a.speculates and b.speculates and (a.method, a.model) == (b.method, b.model) and dict(a.extra) == dict(
+        b.extra
+    )
+
+
+def earlier_windows_of_draft(
+    store: Store, keys: Sequence[EngineKey], stored: StoredConfig, since: datetime
+) -> tuple[list[WindowRecord], int]:
+    """Windows ending in [``since``, the start of ``stored``) under each key's earlier configs that ran the
+    same draft as ``stored`` at another K or table (a live table change or a restart), each window wholly
+    inside its config; and how many such configs gave windows."""
+    current, started = stored.config.spec, stored.config.started_at
+    if since >= started or not current.speculates:
+        return [], 0
+    out: list[WindowRecord] = []
+    configs = 0
+    for key in keys:
+        for cfg in store.configs_in_force(key, since, started):
+            begun = cfg.config.started_at
+            if cfg.id == stored.id or begun >= started or not runs_same_draft(cfg.config.spec, current):
+                continue
+            end = min(cfg.config.ended_at or started, started)
+            # a window ending exactly at the change is wholly the earlier config's
+            found = [w for w in store.windows(key, since, end + timedelta(microseconds=1)) if w.start >= begun]
+            out.extend(found)
+            configs += bool(found)
+    return out, configs
+
+
 def summarize(windows: Sequence[WindowRecord]) -> tuple[SpecCounters, float, float, tuple[float, ...], float | None]:
     """Summed spec counters, duration (s, per engine series summed), generated tokens, per-window
     rates and mean requests running."""

@@ -171,8 +171,29 @@ def _measured(ctx: DecisionContext, settings: PolicySettings) -> PolicyOutcome |
         phi = max(ctx.alpha.dispersion, 1.0)
         choice = choose_acceptance_model(ctx.current.method, ctx.alpha, ctx.positions, max_k=k_max, dispersion=phi)
         if choice.choice is not ModelChoice.CONSTANT_ALPHA:
+            if ctx.positions_earlier_configs:
+                n = ctx.positions_earlier_configs
+                choice = replace(
+                    choice,
+                    message=f"{choice.message} (positions pooled over this draft's runs at every K in the evidence "
+                    f"window: this config and {n} earlier one{'s' if n > 1 else ''})",
+                )
             return choice
     return AcceptanceChoice(model, ModelChoice.CONSTANT_ALPHA, "one α")
+
+
+def _acceptance_details(ctx: DecisionContext, choice: AcceptanceChoice, details: dict[str, Any]) -> str:
+    """Record a per-position model in ``details`` and return a sentence for the message ("" for one α)."""
+    if ctx.positions_earlier_configs:
+        details["positions"] = {
+            "trials": [round(n, 1) for n in ctx.positions.trials],
+            "successes": [round(x, 1) for x in ctx.positions.successes],
+            "earlier_configs": ctx.positions_earlier_configs,
+        }
+    if choice.choice is ModelChoice.CONSTANT_ALPHA:
+        return ""
+    details["acceptance_model"] = {"choice": choice.choice.value, "message": choice.message}
+    return f" K planned with per-position acceptance: {choice.message}."
 
 
 def alpha_model(estimate: AlphaEstimate) -> ConstantAlphaModel | None:
@@ -226,8 +247,7 @@ def propose_k(ctx: DecisionContext, settings: PolicySettings) -> PolicyOutcome:
         "alpha_ci": list(ctx.alpha.alpha_ci or ()),
         "batch_size": batch,
     }
-    if choice.choice is not ModelChoice.CONSTANT_ALPHA:
-        details["acceptance_model"] = {"choice": choice.choice.value, "message": choice.message}
+    planned = _acceptance_details(ctx, choice, details)
     if bins:
         details["load_bins"] = [[round(s, 1), round(b, 2)] for s, b in bins]
     if ctx.load_window is not None and ctx.load_window.regime:
@@ -241,7 +261,7 @@ def propose_k(ctx: DecisionContext, settings: PolicySettings) -> PolicyOutcome:
         )
     return PolicyOutcome(
         PolicyReason.CHANGE_K,
-        f"{ctx.alpha.message} Change K {k_now} → {decision.k}: {decision.message}",
+        f"{ctx.alpha.message}{planned} Change K {k_now} → {decision.k}: {decision.message}",
         ctx.current.with_k(decision.k),
         decision.gain_vs_current,
         decision.gain_vs_current_ci,
@@ -294,8 +314,7 @@ def propose_k_table(ctx: DecisionContext, settings: PolicySettings) -> PolicyOut
         "table_reason": table.reason.value,
         "current_table": [list(r) for r in old_rows],
     }
-    if choice.choice is not ModelChoice.CONSTANT_ALPHA:
-        details["acceptance_model"] = {"choice": choice.choice.value, "message": choice.message}
+    planned = _acceptance_details(ctx, choice, details)
     drop = _drop_draft(ctx, settings, model, step_cost, new_rows, old_rows, k_engine, details)
     if drop is not None:
         return drop
@@ -313,8 +332,8 @@ def propose_k_table(ctx: DecisionContext, settings: PolicySettings) -> PolicyOut
     target = ctx.current.with_table(new_rows, k_engine)
     return PolicyOutcome(
         PolicyReason.CHANGE_K_TABLE,
-        f"{ctx.alpha.message} New per-batch-size table {rows_text}: {table.message} Predicted {gain.gain:.2f}× the "
-        f"current table on the load seen in the last {ctx.duration_s:.0f} s.",
+        f"{ctx.alpha.message}{planned} New per-batch-size table {rows_text}: {table.message} "
+        f"Predicted {gain.gain:.2f}× the current table on the load seen in the last {ctx.duration_s:.0f} s.",
         target,
         gain.gain,
         gain.interval,
