@@ -54,6 +54,18 @@ def iid_counters(alpha: float, k: int, drafts: int, *, rounding: str = "round") 
     return SpecCounters(drafts, drafts * k, sum(per_pos), per_pos, num_spec_tokens=k)
 
 
+def declining_counters(drafts: int, conditional: Sequence[float]) -> SpecCounters:
+    """Counters of ``drafts`` drafts whose conditional acceptance at each position is ``conditional`` (K is
+    its length), falling with position as an EAGLE head's or a lookup's does."""
+    per_pos: list[int] = []
+    reach = float(drafts)
+    for c in conditional:
+        reach *= c
+        per_pos.append(round(reach))
+    k = len(conditional)
+    return SpecCounters(drafts, drafts * k, sum(per_pos), tuple(per_pos), num_spec_tokens=k)
+
+
 def make_context(
     spec: SpecConfig | Mapping[str, Any],
     windows: Sequence[SpecCounters],

@@ -15,7 +15,7 @@ from collectors.records import EngineKey, EventRecord, LatencySummary, StepRecor
 from policies.counters import SpecCounters
 from policies.spec_config import SpecConfig
 from policies.step_cost import StepCostModel
-from tests.fakes import FakeClock
+from tests.fakes import FakeClock, declining_counters
 from tuner.actuators.base import Actuator, ApplyResult, ApplyStatus, config_fingerprint
 from tuner.actuators.base import VllmSpec as VllmConfig
 from tuner.config import ControllerSection, GuardrailsSection, Mode, PolicySection, StepCostSection
@@ -1102,7 +1102,6 @@ def test_harder_prompts_after_a_k_change_are_not_taken_for_its_regression(
     assert "first draft token's acceptance moved 0.800 → 0.600" in (d.status_message or "")
 
 
-
 def test_the_draft_the_floor_swapped_out_is_held_off_the_opportunistic_ranking_until_acceptance_moves(
     db_url: str,
 ) -> None:
@@ -1252,17 +1251,6 @@ def test_acceptance_that_scatters_as_it_always_has_is_not_the_traffic_moving(db_
     assert memory.alpha_regime is not None and memory.alpha_regime[1].direction == -1
 
 
-def _falling(drafts: int, conditional: tuple[float, ...]) -> SpecCounters:
-    """A window's counters whose conditional acceptance per position is ``conditional`` (K = its length)."""
-    per_pos: list[int] = []
-    reach = float(drafts)
-    for c in conditional:
-        reach *= c
-        per_pos.append(round(reach))
-    k = len(conditional)
-    return SpecCounters(drafts, drafts * k, sum(per_pos), tuple(per_pos), num_spec_tokens=k)
-
-
 def _windows_of(store: Store, start: datetime, counters: list[SpecCounters]) -> datetime:
     store.write_windows([
         WindowRecord(key=KEY, start=start + timedelta(seconds=10 * i), end=start + timedelta(seconds=10 * (i + 1)),
@@ -1282,12 +1270,12 @@ def test_positions_pool_the_drafts_earlier_configs_so_k_one_does_not_plan_k_two_
     k3, k1 = {**K2, "num_speculative_tokens": 3}, {**K2, "num_speculative_tokens": 1}
     with Store(db_url) as store:
         store.record_config(KEY, config_record(other, T0, AppliedBy.STARTUP))
-        t = _windows_of(store, T0, [_falling(400, (0.5, 0.5, 0.5))] * 6)
+        t = _windows_of(store, T0, [declining_counters(400, (0.5, 0.5, 0.5))] * 6)
         store.record_config(KEY, config_record(k3, t, AppliedBy.LIVE))
-        t = _windows_of(store, t, [_falling(400, (0.9, 0.7, 0.6))] * 6)
+        t = _windows_of(store, t, [declining_counters(400, (0.9, 0.7, 0.6))] * 6)
         k1_start = t
         store.record_config(KEY, config_record(k1, t, AppliedBy.LIVE))
-        end = _windows_of(store, t, [_falling(400, (0.9,))] * 6)
+        end = _windows_of(store, t, [declining_counters(400, (0.9,))] * 6)
         stored = store.current_config(KEY)
         assert stored is not None and stored.config.num_spec_tokens == 1
 

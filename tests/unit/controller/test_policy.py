@@ -15,7 +15,7 @@ from policies.counters import SpecCounters
 from policies.draft_choice import DraftCandidate, DraftTriggerConfig
 from policies.spec_config import OFF, SpecConfig
 from policies.step_cost import StepCostModel, fit_step_cost
-from tests.fakes import iid_counters, make_context
+from tests.fakes import declining_counters, iid_counters, make_context
 from tuner.config import PolicySection, StepCostSection
 from tuner.controller.context import DecisionContext
 from tuner.controller.policy import PolicyReason, _table_streak_key, propose, propose_k
@@ -335,23 +335,12 @@ def test_propose_k_keeps_the_best_and_skips_without_data() -> None:
     assert off.reason is PolicyReason.NO_SPECULATION
 
 
-def _declining(drafts: int, conditional: tuple[float, ...]) -> SpecCounters:
-    """Counters of drafts whose conditional acceptance falls with position (as an EAGLE head's does)."""
-    per_pos: list[int] = []
-    reach = float(drafts)
-    for c in conditional:
-        reach *= c
-        per_pos.append(round(reach))
-    k = len(conditional)
-    return SpecCounters(drafts, drafts * k, sum(per_pos), tuple(per_pos), num_spec_tokens=k)
-
-
 def test_a_head_method_plans_k_with_per_position_acceptance() -> None:
     """The same counters under EAGLE (a head on the target's hidden states) and under a separate draft
     model: one α pooled over positions 0.95 → 0.35 overstates the deep positions, so both plan K per
     position (the head by construction, the draft because its positions reject one α) and say why in the
     audit details; where one α fits the positions, a draft model keeps it and a head does not."""
-    windows = [_declining(400, (0.95, 0.8, 0.6, 0.45, 0.35)) for _ in range(30)]
+    windows = [declining_counters(400, (0.95, 0.8, 0.6, 0.45, 0.35)) for _ in range(30)]
     settings = PolicySettings(PolicySection(k_max=8, cost_ratio=0.02))
     head = propose_k(make_context(SpecConfig("eagle", "/heads/e1", 5), windows), settings)
     draft = propose_k(make_context(SpecConfig("draft_model", "/drafts/d1", 5), windows), settings)
@@ -371,7 +360,7 @@ def test_a_draft_models_falling_positions_stop_k_before_one_alpha_would() -> Non
     cost = StepCostModel.from_cost_ratio(0.008, 0.025, 0.0001)
     settings = PolicySettings(PolicySection(k_max=8, cost_ratio=0.008, step_cost=pinned(cost)))
     spec = SpecConfig("ngram", None, 3)
-    falling = [_declining(4000, (0.85, 0.81, 0.77)) for _ in range(30)]
+    falling = [declining_counters(4000, (0.85, 0.81, 0.77)) for _ in range(30)]
     out = propose_k(make_context(spec, falling, batch=16.0), settings)
     assert out.details["acceptance_model"]["choice"] == "positional_constant_alpha_rejected"
     assert out.target is not None and out.target.k is not None and 4 <= out.target.k <= 6
