@@ -33,9 +33,7 @@ def runs_same_draft(a: SpecConfig, b: SpecConfig) -> bool:
     """Whether two speculative configs run one draft (method, model and every other key alike), whatever
     their K or K table: a draft model proposes the same tokens at every K, so its acceptance at each
     position is the draft's and the traffic's, not the K's."""
-    return a.speculates and b.speculates and (a.method, a.model) == (b.method, b.model) and dict(a.extra) == dict(
-        b.extra
-    )
+    return a.speculates and b.speculates and a.draft == b.draft and dict(a.extra) == dict(b.extra)
 
 
 def earlier_windows_of_draft(
